@@ -1,0 +1,1 @@
+"""Domino speculative decoding."""

@@ -1,0 +1,226 @@
+"""The Domino drafter: a DFlash-style parallel backbone plus the Domino head.
+
+Backbone: the hidden states of a few target layers at the context positions are concatenated,
+projected (``fc``: K*H -> H) and normalised (``hidden_norm``); every draft layer turns them into extra
+keys/values. The block ``[anchor, MASK x (B-1)]`` (target embeddings) attends bidirectionally to itself
+and to the context strictly before the anchor. One pass gives ``z_0 .. z_{B-1}``; base logits are the
+target's ``lm_head(z_i)``.
+
+Head: ``prefix_gru`` (bias-free GRU over target embeddings of the prefix) and ``embed_proj``
+(Linear(H+G -> E) -> SiLU -> Linear(E -> V)) add a causal correction to the base logits; see
+``rollout.py`` for how proposals are drawn.
+
+Embedding and lm_head are the target's, passed in by the caller; the checkpoint does not hold them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import CheckpointError, DominoConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half layout). x: [b, heads, T, d]; positions: [b, T]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    angles = positions.float()[:, None, :, None] * inv_freq  # [b, 1, T, d/2]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DominoConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(h, cfg.num_attention_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.cfg.head_dim).transpose(1, 2)  # [b, n, t, d]
+
+    def kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values (rotated) of x: [b, T, H] at positions [b, T] -> two [b, kvh, T, d]."""
+        k = self.k_norm(self._heads(self.k_proj(x), self.cfg.num_key_value_heads))
+        v = self._heads(self.v_proj(x), self.cfg.num_key_value_heads)
+        return apply_rope(k, positions, self.cfg.rope_theta), v
+
+    def forward(self, x, positions, ctx_k, ctx_v, ctx_mask=None):
+        """x: [b, B, H] block; ctx_k/ctx_v: [b, kvh, T, d]; ctx_mask: [b, T] bool (True = attend)."""
+        cfg = self.cfg
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), cfg.num_attention_heads)), positions, cfg.rope_theta)
+        k, v = self.kv(x, positions)
+        k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
+        mask = None
+        if ctx_mask is not None:
+            block = torch.ones(x.shape[0], x.shape[1], dtype=torch.bool, device=x.device)
+            mask = torch.cat([ctx_mask, block], 1)[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DominoConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DominoConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, positions, ctx_k, ctx_v, ctx_mask=None):
+        h = h + self.self_attn(self.input_layernorm(h), positions, ctx_k, ctx_v, ctx_mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DominoDrafter(nn.Module):
+    """Parameters in the published checkpoint's names (``fc``, ``layers.N.*``, ``prefix_gru``, ...)."""
+
+    def __init__(self, cfg: DominoConfig):
+        super().__init__()
+        self.config = cfg
+        h = cfg.hidden_size
+        self.fc = nn.Linear(cfg.num_context_layers * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.prefix_gru = nn.GRU(h, cfg.gru_hidden_dim, num_layers=1, bias=False, batch_first=True)
+        self.embed_proj = nn.Sequential(
+            nn.Linear(h + cfg.gru_hidden_dim, cfg.emb_dim, bias=False),
+            nn.SiLU(),
+            nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False),
+        )
+
+    # -- backbone ---------------------------------------------------------------------------------
+    def context_kv(self, target_hidden: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer context keys/values.
+
+        target_hidden: [b, T, K*H] (target layers' hidden states, concatenated in target_layer_ids order);
+        positions: [b, T]. Returns one ([b, kvh, T, d], [b, kvh, T, d]) pair per draft layer.
+        """
+        ctx = self.hidden_norm(self.fc(target_hidden))
+        return [layer.self_attn.kv(ctx, positions) for layer in self.layers]
+
+    def backbone(self, block_embeds, positions, ctx_kv, ctx_mask=None) -> torch.Tensor:
+        """One parallel pass over the block.
+
+        block_embeds: [b, B, H] target embeddings of [anchor, MASK ...]; positions: [b, B];
+        ctx_kv: from ``context_kv`` (context strictly before the anchor); ctx_mask: [b, T] or None.
+        Returns z: [b, B, H].
+        """
+        h = block_embeds
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            h = layer(h, positions, k, v, ctx_mask)
+        return self.norm(h)
+
+    # -- head ---------------------------------------------------------------------------------------
+    def head_weights(self) -> "HeadWeights":
+        return HeadWeights(
+            self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0,
+            self.embed_proj[0].weight, self.embed_proj[2].weight,
+        )
+
+
+class HeadWeights(NamedTuple):
+    """The Domino head's tensors (GRU gates in PyTorch's r, z, n order)."""
+
+    w_ih: torch.Tensor  # [3G, H]
+    w_hh: torch.Tensor  # [3G, G]
+    w1: torch.Tensor  # [E, H+G]
+    w2: torch.Tensor  # [V, E]
+
+
+# -- checkpoint I/O -------------------------------------------------------------------------------------
+def save_drafter(model: DominoDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def load_drafter(path: str | Path, target_config=None, dtype: torch.dtype | None = None,
+                 device: str | torch.device = "cpu") -> DominoDrafter:
+    """Load a drafter strictly: every tensor must be present, expected and of the right shape.
+
+    target_config: the target's HF config (checks vocab, hidden size and layer ids) or None.
+    """
+    cfg = DominoConfig.load(path)
+    if target_config is not None:
+        text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        cfg.check_target(text.vocab_size, text.hidden_size, text.num_hidden_layers)
+    with torch.device("meta"):
+        model = DominoDrafter(cfg)
+    state = read_state_dict(path)
+    check_state_dict(model, state)
+    model = model.to_empty(device=device)
+    model.load_state_dict(state, strict=True)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = []
+    for name in sorted(expected.keys() - state.keys()):
+        problems.append(f"missing tensor {name} {list(expected[name])}")
+    for name in sorted(state.keys() - expected.keys()):
+        problems.append(f"unexpected tensor {name} {list(state[name].shape)}")
+    for name in sorted(expected.keys() & state.keys()):
+        if tuple(state[name].shape) != expected[name]:
+            problems.append(f"tensor {name} has shape {list(state[name].shape)}, expected {list(expected[name])}")
+    if problems:
+        raise CheckpointError("malformed drafter checkpoint: " + "; ".join(problems))

@@ -1,0 +1,103 @@
+"""Per-request sampling parameters and the distribution they define over the vocabulary.
+
+``sampling_probs`` applies temperature, then top-k, then top-p (nucleus) exactly as Hugging Face's
+logits warpers do in ``generate(do_sample=True)``; temperature 0 means greedy (a one-hot at the argmax,
+first index on ties, like ``torch.argmax``). Target and draft distributions both come from here, so
+speculative sampling reproduces plain sampling.
+
+Randomness enters only through tensors the caller passes (``uniform`` and ``exponential`` noise), so a
+torch reference and a Triton kernel given the same numbers draw the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = off)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclasses.dataclass
+class BatchSampling:
+    """Sampling parameters of a batch as tensors of shape [b]."""
+
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64
+    top_p: torch.Tensor  # float32
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], device="cpu") -> "BatchSampling":
+        return cls(
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+        )
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool((self.temperature == 0).all())
+
+
+def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Reshape [b] to broadcast against [b, ..., V]."""
+    return x.view(-1, *([1] * (like.dim() - 1)))
+
+
+def sampling_probs(logits: torch.Tensor, params: BatchSampling) -> torch.Tensor:
+    """logits: [b, ..., V] -> float32 probabilities [b, ..., V] (one-hot rows where temperature is 0)."""
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    temp = _per_row(params.temperature, logits)
+    greedy = temp == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temp), temp)
+
+    # top-k: drop everything below the k-th largest value (ties at the k-th value are kept).
+    k = _per_row(params.top_k, logits)
+    if bool((params.top_k > 0).any()):
+        sorted_desc = scaled.sort(dim=-1, descending=True).values
+        kth = sorted_desc.gather(-1, (k.clamp(1, vocab) - 1).expand(*scaled.shape[:-1], 1))
+        scaled = scaled.masked_fill((k > 0) & (scaled < kth), float("-inf"))
+
+    # top-p: drop the low tail whose cumulative probability is <= 1 - top_p; keep at least one token.
+    p = _per_row(params.top_p, logits)
+    if bool((params.top_p < 1).any()):
+        sorted_asc, idx = scaled.sort(dim=-1)
+        cum = sorted_asc.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= 1 - p
+        drop_sorted[..., -1] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        scaled = scaled.masked_fill((p < 1) & drop, float("-inf"))
+
+    probs = scaled.softmax(-1)
+    onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy, onehot, probs)
+
+
+def sample_from(probs: torch.Tensor, exponential: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row by the exponential race: argmax(probs / E), E ~ Exp(1).
+
+    probs, exponential: [..., V] -> tokens [...] (int64). Exact for any distribution, one-hot included.
+    """
+    return (probs / exponential.clamp_min(1e-20)).argmax(-1)
+
+
+def exponential_like(shape, generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
+    return torch.empty(shape, device=device).exponential_(generator=generator)
