@@ -47,7 +47,7 @@ def verify_sampled(
 
     rows = torch.arange(b, device=draft.device)
     p_stop = p[rows, accept_len]  # [b, V]
-    q_stop = torch.cat([q, torch.zeros_like(q[:, :1])], 1)[rows, accept_len]  # zeros where all accepted
+    q_stop = torch.cat([q, q.new_zeros(b, 1, q.shape[-1])], 1)[rows, accept_len]  # zeros where all accepted
     residual = (p_stop - q_stop).clamp_min(0)
     # A rejection has residual mass > 0 in exact arithmetic; fall back to p if rounding erased it.
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_stop)

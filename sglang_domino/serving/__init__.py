@@ -1,0 +1,1 @@
+"""SGLang serving glue for Domino: ``--speculative-algorithm DOMINO`` as an SGLang plugin."""

@@ -1,0 +1,279 @@
+"""The Domino speculative worker inside SGLang's scheduler (spec-v2 schema, synchronous).
+
+One decode step for a batch of requests, each with committed length ``s`` (tokens whose KV is
+cached) and an uncommitted last token ``bonus`` (the target's previous output):
+
+1. Draft: the backbone runs once on ``[bonus, MASK x (B-1)]`` at positions ``s .. s+B-1``, attending
+   to the drafter's context K/V of positions ``< s``; the Domino head rolls out ``n`` proposals
+   (``sglang_domino.rollout``).
+2. Verify: the target scores ``[bonus, y_1 .. y_n]`` in one TARGET_VERIFY forward that writes its KV
+   into the request's reserved slots ``s .. s+n``; ``sglang_domino.verify`` keeps the longest
+   accepted prefix and draws the next token (greedy or lossless sampling with SGLang's distribution).
+3. Commit: ``accept + 1`` tokens (bonus + accepted drafts) become committed; the KV of the rejected
+   tail lies beyond the new length, inside SGLang's over-allocated reservation, and is overwritten
+   next step or freed with the request. The target hidden states captured by the verify pass are
+   turned into the drafter's context K/V for the same slots.
+
+The drafter's context K/V live in a pool indexed by the target's KV slot ids, so SGLang's
+allocator, radix cache and request lifecycle manage them implicitly (a slot's entry is rewritten
+whenever the target rewrites that slot).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional
+
+import torch
+
+from ..drafter import load_drafter
+from .args import max_draft_batch
+from .sampling import draft_batch_sampling, sglang_probs
+
+try:  # Triton on CUDA, torch reference on CPU (same signatures as the core).
+    from ..kernels.dispatch import rollout, verify_greedy, verify_sampled
+except ImportError:  # pragma: no cover - until kernels/dispatch.py lands
+    from ..rollout import rollout
+    from ..verify import verify_greedy, verify_sampled
+
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+
+logger = logging.getLogger(__name__)
+
+
+class DominoDraftInput(SpecInput):
+    """Carried on the running batch between steps. The worker keeps no per-request state here (the
+    bonus token is the request's last output id; draft context lives in the slot-indexed pool), so
+    filtering and merging are no-ops."""
+
+    def __init__(self):
+        super().__init__(SpecInputType.DFLASH_DRAFT)
+        self.num_tokens_per_req = 1
+        self.num_tokens_for_logprob_per_req = 1
+        self.future_indices = None
+
+    def filter_batch(self, new_indices: torch.Tensor, new_indices_cpu: Optional[List[int]] = None):
+        return None
+
+    def merge_batch(self, spec_info) -> None:
+        return None
+
+
+class DominoWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = torch.device(self.model_runner.device)
+        spec = get_spec()
+        target = self.model_runner.model
+        hf_config = self.model_runner.model_config.hf_config
+
+        embed_module = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
+        if embed_module is None:
+            embed_module = target.model.embed_tokens
+        self.vocab_size = int(self.model_runner.model_config.vocab_size)
+        self.embed = embed_module.weight[: self.vocab_size]
+        lm_head = getattr(target, "lm_head", None)
+        if lm_head is None or not isinstance(getattr(lm_head, "weight", None), torch.Tensor):
+            raise RuntimeError("DOMINO needs a target model with a plain lm_head weight")
+        self.lm_head = lm_head.weight[: self.vocab_size]
+        self.dtype = self.embed.dtype
+
+        path = spec.speculative_draft_model_path
+        self.drafter = load_drafter(path, hf_config, dtype=self.dtype, device=self.device)
+        self.cfg = self.drafter.config
+        self.head = self.drafter.head_weights()
+        if not hasattr(target, "set_dflash_layers_to_capture"):
+            raise RuntimeError(
+                f"DOMINO: target model {type(target).__name__} cannot capture hidden states "
+                "(no set_dflash_layers_to_capture)")
+        target.set_dflash_layers_to_capture(list(self.cfg.target_layer_ids))
+
+        self.block_size = int(self.cfg.block_size)
+        self.num_draft_tokens = int(spec.speculative_num_draft_tokens or self.block_size)
+        self.max_draft_batch = max_draft_batch()
+        self.k_pool = self.v_pool = None
+        self.steps = 0
+        logger.info(
+            "DOMINO worker: drafter %s (%d layers, block %d, %d drafts/step, context layers %s), "
+            "drafting off above batch size %s", path, self.cfg.num_hidden_layers, self.block_size,
+            self.num_draft_tokens - 1, self.cfg.target_layer_ids, self.max_draft_batch or "inf")
+
+    # -- SGLang worker protocol ---------------------------------------------------------------------
+    @property
+    def draft_worker(self):
+        return None
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
+                          token_to_kv_pool_allocator=None, **kwargs):
+        self.req_to_token_pool = req_to_token_pool or self.model_runner.req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator or self.model_runner.token_to_kv_pool_allocator
+        num_slots = int(self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0])
+        shape = (self.cfg.num_hidden_layers, num_slots, self.cfg.num_key_value_heads, self.cfg.head_dim)
+        self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        logger.info("DOMINO draft context pool: %d slots, %.1f MB", num_slots,
+                    2 * self.k_pool.numel() * self.k_pool.element_size() / 2**20)
+
+    def init_attention_backends(self):
+        pass
+
+    def init_cuda_graphs(self):
+        pass
+
+    def clear_cache_pool(self):
+        pass
+
+    # -- drafter context ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _write_context(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """hidden: [N, K*H] captured target states; positions, slots: [N]."""
+        if hidden.shape[0] == 0:
+            return
+        kv = self.drafter.context_kv(hidden.to(self.dtype)[None], positions.long()[None])
+        slots = slots.long()
+        for layer, (k, v) in enumerate(kv):
+            self.k_pool[layer, slots] = k[0].transpose(0, 1)  # [kvh, N, d] -> [N, kvh, d]
+            self.v_pool[layer, slots] = v[0].transpose(0, 1)
+
+    def _gather_context(self, batch, seq_lens: torch.Tensor, max_len: int):
+        rows = self.req_to_token_pool.req_to_token[batch.req_pool_indices.long()][:, :max_len].long()
+        valid = torch.arange(max_len, device=self.device)[None, :] < seq_lens[:, None]
+        idx = torch.where(valid, rows, torch.zeros_like(rows))
+        ctx = [(self.k_pool[layer][idx].transpose(1, 2), self.v_pool[layer][idx].transpose(1, 2))
+               for layer in range(self.cfg.num_hidden_layers)]
+        return ctx, (None if bool(valid.all()) else valid)
+
+    # -- one step ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None, **kwargs):
+        if batch.forward_mode.is_extend():
+            return self._forward_extend(batch, on_publish)
+        if batch.forward_mode.is_idle() or len(batch.reqs) == 0:
+            raise RuntimeError("DOMINO: idle batches (DP attention) are not supported")
+        return self._forward_decode(batch, on_publish)
+
+    def _forward_extend(self, batch, on_publish):
+        result = self.target_worker.forward_batch_generation(
+            batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        logits_output = result.logits_output
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DOMINO: the target returned no captured hidden states for prefill")
+        positions = torch.cat([
+            torch.arange(p, p + n, device=self.device) for p, n in zip(batch.prefix_lens, batch.extend_lens)
+        ]) if batch.extend_lens else torch.empty(0, dtype=torch.long, device=self.device)
+        self._write_context(hidden, positions, batch.out_cache_loc)
+        logits_output.hidden_states = None
+        result.new_seq_lens = batch.seq_lens
+        result.next_draft_input = DominoDraftInput()
+        if on_publish is not None:
+            on_publish(batch.seq_lens)
+        return result
+
+    def _draft(self, batch, seq_lens, seq_lens_cpu, bonus, n, sampling_info, all_greedy):
+        bs = bonus.shape[0]
+        ctx, ctx_mask = self._gather_context(batch, seq_lens, int(seq_lens_cpu.max()))
+        block_ids = torch.full((bs, self.block_size), self.cfg.mask_token_id, dtype=torch.long, device=self.device)
+        block_ids[:, 0] = bonus
+        positions = seq_lens[:, None] + torch.arange(self.block_size, device=self.device)
+        z = self.drafter.backbone(self.embed[block_ids], positions, ctx, ctx_mask)[:, :n]
+        base = z @ self.lm_head.t()
+        if all_greedy:
+            tokens, _ = rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len)
+            return tokens, None
+        noise = torch.empty(bs, n, self.vocab_size, device=self.device).exponential_()
+        return rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len,
+                       draft_batch_sampling(sampling_info), noise)
+
+    def _forward_decode(self, batch, on_publish):
+        from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+
+        bs = len(batch.reqs)
+        device = self.device
+        seq_lens = batch.seq_lens.long()
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else seq_lens.cpu()
+        bonus = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.long, device=device)
+        sampling_info = batch.sampling_info
+        all_greedy = sampling_info is None or sampling_info.is_all_greedy
+        drafting = self.max_draft_batch == 0 or bs <= self.max_draft_batch
+        n = self.num_draft_tokens - 1 if drafting else 0
+        width = n + 1
+
+        if n > 0:
+            tokens, q = self._draft(batch, seq_lens, seq_lens_cpu, bonus, n, sampling_info, all_greedy)
+        else:
+            tokens = torch.empty(bs, 0, dtype=torch.long, device=device)
+            q = None if all_greedy else torch.empty(bs, 0, self.vocab_size, device=device)
+
+        # --- verify [bonus, y_1 .. y_n] in one target pass
+        chain = torch.cat([bonus[:, None], tokens], 1)
+        offsets = torch.arange(width, device=device)
+        positions = seq_lens[:, None] + offsets
+        slots = self.req_to_token_pool.req_to_token[batch.req_pool_indices.long()[:, None], positions]
+        verify_input = DFlashVerifyInput(
+            draft_token=chain.reshape(-1), positions=positions.reshape(-1), draft_token_num=width,
+            custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL)
+        batch.out_cache_loc = slots.reshape(-1).to(torch.int64)
+        saved = batch.seq_lens_cpu, batch.seq_lens_sum
+        batch.seq_lens_cpu = seq_lens_cpu + width  # host upper bound of what attention reads
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        try:
+            verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        finally:
+            batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch, is_verify=True)
+        logits_output = out.logits_output
+        logits = logits_output.next_token_logits
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=width)
+        logits3 = logits.view(bs, width, -1)[..., : self.vocab_size]
+        if all_greedy:
+            accept, new_bonus = verify_greedy(tokens, logits3)
+        else:
+            p = sglang_probs(logits3, sampling_info.temperatures.view(-1), sampling_info.top_ks.view(-1),
+                             sampling_info.top_ps.view(-1),
+                             sampling_info.min_ps.view(-1) if sampling_info.need_min_p_sampling else None)
+            uniform = torch.rand(bs, n, device=device)
+            noise = torch.empty(bs, self.vocab_size, device=device).exponential_()
+            accept, new_bonus = verify_sampled(tokens, q, p, uniform, noise)
+
+        rows = torch.arange(bs, device=device)
+        out_tokens = torch.zeros(bs, width, dtype=torch.long, device=device)
+        out_tokens[:, :n] = tokens
+        out_tokens[rows, accept] = new_bonus
+        commit = accept + 1
+        new_seq_lens = (seq_lens + commit).to(batch.seq_lens.dtype)
+
+        # --- drafter context for the verified positions (all of them; the tail is rewritten later)
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DOMINO: the target returned no captured hidden states for verify")
+        self._write_context(hidden, positions.reshape(-1), slots.reshape(-1))
+        logits_output.hidden_states = None
+
+        if batch.return_logprob:
+            from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+
+            compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self.steps += 1
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit.to(torch.int32),
+            can_run_cuda_graph=False,
+            next_draft_input=DominoDraftInput(),
+            speculative_num_draft_tokens=width,
+            new_seq_lens=new_seq_lens,
+        )

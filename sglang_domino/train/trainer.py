@@ -1,0 +1,480 @@
+"""Training loop: AdamW, warmup + cosine, grad clip, exact resume, export.
+
+A run lives in ``run_dir`` (``checkpoint.pt``: drafter, optimizer, scheduler, RNG, step; ``metrics.jsonl``;
+``features/``: cached target features) and exports the drafter to ``out`` in the published checkpoint
+format (bfloat16) with a model card, at every checkpoint, so partial progress is usable.
+
+Data order is a pure function of (seed, step): epoch ``e`` visits the training examples in a permutation
+seeded by (seed, e) and the anchors of example ``i`` in epoch ``e`` are seeded by (seed, e, i). A resumed
+run therefore sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..drafter import DominoDrafter, save_drafter
+from ..models import init_drafter
+from .anchors import build_blocks, sample_anchors
+from .curriculum import (Frozen, block_logits, block_metrics, curriculum_loss, default_gamma, lambda_at, lr_factor,
+                         position_weights)
+from .features import FeatureExtractor
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    target: str = "models/SmolLM2-135M-Instruct"
+    data: str = "data/sharegpt-smollm2"
+    out: str = "drafters/smollm2-domino-b16"
+    run_dir: str = "runs/smollm2-domino-b16"
+    # drafter
+    block_size: int = 16
+    num_layers: int = 1
+    num_context_layers: int = 4
+    target_layer_ids: list[int] | None = None
+    gru_hidden_dim: int = 128
+    emb_dim: int = 64
+    init_from: str | None = None
+    # curriculum
+    gamma: float | None = None
+    decay_ratio: float = 0.5
+    lambda_const: float | None = None
+    # optimisation
+    epochs: float = 4.0
+    max_steps: int | None = None
+    batch_seqs: int = 4
+    anchors_per_seq: int = 16
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.05
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    max_seq_len: int = 1024
+    val_examples: int = 24
+    seed: int = 0
+    # runtime
+    device: str = "auto"
+    dtype: str = "auto"
+    feature_dtype: str = "bfloat16"
+    cache_features: bool = True
+    log_every: int = 10
+    eval_every: int = 100
+    ckpt_every: int = 50
+    ckpt_minutes: float = 10.0
+    stop_after_steps: int | None = None  # stop early (schedule unchanged), e.g. to test resume
+    resume: bool = True
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16}[name]
+
+
+def _seeded(*parts: int) -> torch.Generator:
+    g = torch.Generator()
+    seed = 0
+    for p in parts:
+        seed = (seed * 1_000_003 + int(p) + 7) % (2 ** 62)
+    g.manual_seed(seed)
+    return g
+
+
+def _atomic_torch_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_target(path: str, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def build_drafter(cfg: TrainConfig, target) -> DominoDrafter:
+    if cfg.init_from:
+        from ..drafter import load_drafter
+
+        drafter = load_drafter(cfg.init_from, target.config, dtype=torch.float32)
+        return drafter.train()
+    drafter = init_drafter(target.config, num_layers=cfg.num_layers, num_context_layers=cfg.num_context_layers,
+                           block_size=cfg.block_size, gru_hidden_dim=cfg.gru_hidden_dim, emb_dim=cfg.emb_dim,
+                           seed=cfg.seed)
+    if cfg.target_layer_ids is not None:
+        if len(cfg.target_layer_ids) != cfg.num_context_layers:
+            raise ValueError("--target-layer-ids must have --num-context-layers entries")
+        drafter.config.target_layer_ids = list(cfg.target_layer_ids)
+    with torch.no_grad():
+        # The correction starts at exactly zero: final logits = base logits at step 0.
+        drafter.embed_proj[2].weight.zero_()
+        # z feeds the target's lm_head: start from the scale the target's final norm gives it.
+        norm = getattr(getattr(target, "model", target), "norm", None)
+        if norm is not None and getattr(norm, "weight", None) is not None \
+                and norm.weight.shape == drafter.norm.weight.shape:
+            drafter.norm.weight.copy_(norm.weight.float())
+    return drafter.train()
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, target=None, examples: list[dict] | None = None):
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.target = load_target(cfg.target, self.device) if target is None else target.to(self.device).eval()
+        for p in self.target.parameters():
+            p.requires_grad_(False)
+        if examples is None:
+            from .data import load_examples
+
+            examples = load_examples(cfg.data)
+        examples = [dict(e, input_ids=e["input_ids"][:cfg.max_seq_len]) for e in examples
+                    if min(len(e["input_ids"]), cfg.max_seq_len) - e["prompt_len"] >= 2]
+        if not examples:
+            raise ValueError("no usable training examples")
+        order = torch.randperm(len(examples), generator=_seeded(cfg.seed, 999)).tolist()
+        n_val = min(cfg.val_examples, len(examples) // 10)
+        self.val = [examples[i] for i in order[:n_val]]
+        self.train_set = [examples[i] for i in order[n_val:]]
+        self.drafter = build_drafter(cfg, self.target).to(self.device)
+        dcfg = self.drafter.config
+        self.block_size = dcfg.block_size
+        self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(self.block_size)
+        self.weights = position_weights(self.block_size, self.gamma, self.device)
+        self.frozen = Frozen.from_target(self.target)
+        fdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.feature_dtype]
+        self.features = FeatureExtractor(self.target, dcfg.target_layer_ids,
+                                         cache_dir=self.run_dir / "features" if cfg.cache_features else None,
+                                         compute_dtype=fdtype)
+        self.steps_per_epoch = math.ceil(len(self.train_set) / cfg.batch_seqs)
+        self.total_steps = cfg.max_steps or max(1, int(round(cfg.epochs * self.steps_per_epoch)))
+        self.warmup_steps = int(round(cfg.warmup_ratio * self.total_steps))
+        self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, self.total_steps, self.warmup_steps, cfg.min_lr_ratio))
+        self.step = 0
+        self.elapsed = 0.0
+        self._perm_cache: dict[int, list[int]] = {}
+        if cfg.resume and (self.run_dir / CHECKPOINT).exists():
+            self.load_checkpoint(self.run_dir / CHECKPOINT)
+
+    # -- data ---------------------------------------------------------------------------------------
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perm_cache:
+            self._perm_cache = {epoch: torch.randperm(len(self.train_set), generator=_seeded(self.cfg.seed, epoch)).tolist()}
+        return self._perm_cache[epoch]
+
+    def batch_for_step(self, step: int):
+        epoch, offset = divmod(step, self.steps_per_epoch)
+        idx = self._perm(epoch)[offset * self.cfg.batch_seqs:(offset + 1) * self.cfg.batch_seqs]
+        exs = [self.train_set[i] for i in idx]
+        anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), self.cfg.anchors_per_seq,
+                                  _seeded(self.cfg.seed, epoch, i)) for e, i in zip(exs, idx)]
+        return exs, anchors
+
+    def _forward(self, exs, anchors, with_head: bool):
+        seqs = [e["input_ids"] for e in exs]
+        feats = self.features(seqs)
+        T = max(f.shape[0] for f in feats)
+        padded = feats[0].new_zeros(len(feats), T, feats[0].shape[1])
+        for j, f in enumerate(feats):
+            padded[j, :f.shape[0]] = f
+        batch = build_blocks(seqs, anchors, self.block_size, self.drafter.config.mask_token_id).to(self.device)
+        padded = padded.to(self.device)
+        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        with autocast:
+            base, final = block_logits(self.drafter, self.frozen, batch, padded, with_head=with_head)
+        return base, final, batch
+
+    # -- loop ---------------------------------------------------------------------------------------
+    def lam(self, step: int) -> float:
+        return lambda_at(step, self.total_steps, self.cfg.decay_ratio, self.cfg.lambda_const)
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        lam = self.lam(self.step)
+        exs, anchors = self.batch_for_step(self.step)
+        with_head = lam < 1.0
+        base, final, batch = self._forward(exs, anchors, with_head)
+        loss, stats = curriculum_loss(base, final, batch.labels, self.weights, lam)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        m = block_metrics(final if final is not None else base, batch.labels)
+        if final is not None:
+            m["acc_base"] = block_metrics(base, batch.labels)["acc"]
+        self.step += 1
+        return {"step": self.step, "loss": float(loss.detach()), "lambda": lam,
+                "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": float(gnorm), **stats, **m}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Validation: fixed anchors; final-logit metrics (the head, as used at inference) and base-only."""
+        if not self.val:
+            return {}
+        self.drafter.eval()
+        tot = {"ce_final": 0.0, "ce_base": 0.0, "acc": 0.0, "acc_base": 0.0, "accept": 0.0, "accept_base": 0.0,
+               "accept_greedy": 0.0}
+        n_tok = n_rows = n_greedy = 0
+        for k in range(0, len(self.val), self.cfg.batch_seqs):
+            exs = self.val[k:k + self.cfg.batch_seqs]
+            anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), self.cfg.anchors_per_seq,
+                                      _seeded(self.cfg.seed, 10 ** 6, k + j)) for j, e in enumerate(exs)]
+            base, final, batch = self._forward(exs, anchors, with_head=True)
+            from .curriculum import weighted_ce
+
+            mf, mb = block_metrics(final, batch.labels), block_metrics(base, batch.labels)
+            r = mf["n_rows"]
+            tot["ce_final"] += float(weighted_ce(final, batch.labels, self.weights)) * r
+            tot["ce_base"] += float(weighted_ce(base, batch.labels, self.weights)) * r
+            tot["acc"] += mf["acc"] * mf["n_tok"]
+            tot["acc_base"] += mb["acc"] * mb["n_tok"]
+            tot["accept"] += mf["accept"] * r
+            tot["accept_base"] += mb["accept"] * r
+            greedy_rows = torch.tensor([not exs[j].get("sampled", False) for j in batch.row_seq.tolist()],
+                                       device=batch.labels.device)
+            if greedy_rows.any():
+                g = block_metrics(final[greedy_rows], batch.labels[greedy_rows])
+                tot["accept_greedy"] += g["accept"] * g["n_rows"]
+                n_greedy += g["n_rows"]
+            n_tok += mf["n_tok"]
+            n_rows += r
+        self.drafter.train()
+        out = {k: v / max(1, n_rows) for k, v in tot.items() if k not in ("acc", "acc_base", "accept_greedy")}
+        out["acc"] = tot["acc"] / max(1, n_tok)
+        out["acc_base"] = tot["acc_base"] / max(1, n_tok)
+        out["accept_greedy"] = tot["accept_greedy"] / max(1, n_greedy)
+        return {"val_" + k: round(v, 4) for k, v in out.items()}
+
+    def _log(self, record: dict) -> None:
+        with open(self.run_dir / METRICS, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def run(self) -> dict:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        end = self.total_steps if cfg.stop_after_steps is None else min(self.total_steps, cfg.stop_after_steps)
+        if self.step == 0:
+            self._log({"event": "start", "config": asdict(cfg), "train_examples": len(self.train_set),
+                       "val_examples": len(self.val), "total_steps": self.total_steps,
+                       "steps_per_epoch": self.steps_per_epoch, "gamma": self.gamma,
+                       "drafter_params": sum(p.numel() for p in self.drafter.parameters())})
+        bar = tqdm(total=end, initial=self.step, desc="train", disable=not cfg.progress, dynamic_ncols=True)
+        last_ckpt = time.time()
+        t0 = time.time()
+        base_elapsed = self.elapsed
+        window: list[dict] = []
+        last = {}
+        while self.step < end:
+            rec = self.train_step()
+            self.elapsed = base_elapsed + time.time() - t0
+            window.append(rec)
+            last = rec
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", lam=f"{rec['lambda']:.2f}", acc=f"{rec['acc']:.3f}",
+                            accept=f"{rec['accept']:.2f}")
+            if self.step % cfg.log_every == 0 or self.step == end:
+                avg = {k: sum(r[k] for r in window if k in r) / max(1, sum(k in r for r in window))
+                       for k in ("loss", "ce_base", "ce_final", "acc", "acc_base", "accept", "grad_norm")
+                       if any(k in r for r in window)}
+                self._log({"step": self.step, "lambda": rec["lambda"], "lr": rec["lr"],
+                           "elapsed_s": round(self.elapsed, 1), **{k: round(v, 4) for k, v in avg.items()}})
+                window = []
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == self.total_steps):
+                ev = self.evaluate()
+                self._log({"step": self.step, "elapsed_s": round(self.elapsed, 1), **ev})
+                bar.write(f"step {self.step}: " + " ".join(f"{k}={v}" for k, v in ev.items()))
+            due = (cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or \
+                (cfg.ckpt_minutes and time.time() - last_ckpt > 60 * cfg.ckpt_minutes)
+            if due or self.step == end:
+                self.save_checkpoint()
+                self.export()
+                last_ckpt = time.time()
+        bar.close()
+        return {"step": self.step, "total_steps": self.total_steps, "elapsed_s": round(self.elapsed, 1), **last}
+
+    # -- state --------------------------------------------------------------------------------------
+    def save_checkpoint(self, path: Path | None = None) -> Path:
+        path = path or self.run_dir / CHECKPOINT
+        state = {
+            "drafter": self.drafter.state_dict(), "drafter_config": self.drafter.config.to_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "step": self.step, "total_steps": self.total_steps, "elapsed": self.elapsed,
+            "epoch": self.step // self.steps_per_epoch, "offset": self.step % self.steps_per_epoch,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "train_config": asdict(self.cfg),
+        }
+        _atomic_torch_save(state, path)
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        state = torch.load(path, weights_only=False, map_location=self.device)
+        if state["total_steps"] != self.total_steps:
+            raise ValueError(f"{path}: made for {state['total_steps']} total steps, this run has {self.total_steps} "
+                             f"(same data and settings are needed to resume; use another --run-dir)")
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.elapsed = state.get("elapsed", 0.0)
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if state["rng"].get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+    def export(self, out: str | Path | None = None) -> Path:
+        """Published format (bfloat16) + model card, written so a reader never sees a half file."""
+        out = Path(out or self.cfg.out)
+        tmp = out / ".export-tmp"
+        save_drafter(self.drafter, tmp, dtype=torch.bfloat16)
+        for name in ("config.json", "model.safetensors"):
+            os.replace(tmp / name, out / name)
+        tmp.rmdir()
+        (out / "README.md").write_text(self.model_card())
+        return out
+
+    def model_card(self) -> str:
+        from .data import dataset_stats
+
+        cfg, d = self.cfg, self.drafter.config
+        n_params = sum(p.numel() for p in self.drafter.parameters())
+        stats = dataset_stats(self.train_set)
+        last_eval = {}
+        mfile = self.run_dir / METRICS
+        if mfile.exists():
+            for line in mfile.read_text().splitlines():
+                rec = json.loads(line)
+                if any(k.startswith("val_") for k in rec):
+                    last_eval = rec
+        kind = "DFlash baseline (lambda = 1: base logits only; correction weights zero)" \
+            if cfg.lambda_const == 1.0 else "Domino (base-anchored curriculum)"
+        lam = f"constant {cfg.lambda_const}" if cfg.lambda_const is not None else \
+            f"1 -> 0 linearly over the first {cfg.decay_ratio:g} of the steps"
+        status = "complete" if self.step >= self.total_steps else "PARTIAL (training in progress or interrupted)"
+        return f"""# {Path(cfg.out).name}
+
+Draft model for speculative decoding of `{Path(cfg.target).name}`: {kind}, made by `sglang_domino.train`.
+Published DFlash/Domino checkpoint format (`config.json` with `dflash_config.projector_type = "domino"`,
+bfloat16 safetensors; the target's embeddings and lm_head are not included).
+
+- Status: **{status}**: step {self.step} / {self.total_steps}, wall time {self.elapsed / 60:.1f} min of training
+- Drafter: {d.num_hidden_layers} draft layer(s), hidden {d.hidden_size}, block size {d.block_size},
+  target_layer_ids {d.target_layer_ids}, GRU {d.gru_hidden_dim}, emb_dim {d.emb_dim}, mask token {d.mask_token_id};
+  {n_params / 1e6:.2f} M parameters
+- Data: ShareGPT first-turn prompts (never MT-Bench), responses regenerated by the target
+  ({cfg.data}): {stats['examples']} training conversations, {stats['response_tokens']} response tokens
+  (mean {stats['mean_response_tokens']}), {stats['sampled_fraction']:.0%} sampled responses, the rest greedy;
+  {len(self.val)} conversations held out for validation
+- Recipe: loss (1 - lambda) CE(final) + lambda CE(base), position weights exp(-k/{self.gamma:g}); lambda {lam};
+  AdamW lr {cfg.lr:g} (warmup {cfg.warmup_ratio:g}, cosine to {cfg.min_lr_ratio:g} x), grad clip {cfg.grad_clip:g},
+  {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {cfg.epochs:g} epochs, seed {cfg.seed},
+  compute dtype {str(self.dtype).removeprefix('torch.')}, target features in {cfg.feature_dtype}
+- Last validation (teacher-forced; `val_accept_greedy` = mean tokens per step greedy verification would commit on
+  greedy held-out data, bonus included): {json.dumps(last_eval)}
+"""
+
+
+# -- CLI ------------------------------------------------------------------------------------------------
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    g = p.add_argument_group("paths")
+    g.add_argument("--target", default=d.target)
+    g.add_argument("--data", default=d.data, help="folder made by gen-data")
+    g.add_argument("--out", default=d.out, help="exported drafter (published format, bf16)")
+    g.add_argument("--run-dir", default=d.run_dir, help="checkpoint, metrics, feature cache")
+    g = p.add_argument_group("drafter")
+    g.add_argument("--block-size", type=int, default=d.block_size)
+    g.add_argument("--num-layers", type=int, default=d.num_layers)
+    g.add_argument("--num-context-layers", type=int, default=d.num_context_layers)
+    g.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
+    g.add_argument("--gru-hidden-dim", type=int, default=d.gru_hidden_dim)
+    g.add_argument("--emb-dim", type=int, default=d.emb_dim)
+    g.add_argument("--init-from", default=None, help="start from an exported drafter")
+    g = p.add_argument_group("curriculum")
+    g.add_argument("--gamma", type=float, default=None, help="position decay (default 7/5/4 for B=16/10/8)")
+    g.add_argument("--decay-ratio", type=float, default=d.decay_ratio,
+                   help="lambda goes 1 -> 0 over this fraction of the steps")
+    g.add_argument("--lambda-const", type=float, default=None,
+                   help="fixed lambda; 1.0 = plain DFlash training (the baseline)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=float, default=d.epochs)
+    g.add_argument("--max-steps", type=int, default=None, help="overrides --epochs")
+    g.add_argument("--batch-seqs", type=int, default=d.batch_seqs, help="conversations per step")
+    g.add_argument("--anchors-per-seq", type=int, default=d.anchors_per_seq)
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio)
+    g.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument("--grad-clip", type=float, default=d.grad_clip)
+    g.add_argument("--max-seq-len", type=int, default=d.max_seq_len)
+    g.add_argument("--val-examples", type=int, default=d.val_examples)
+    g.add_argument("--seed", type=int, default=d.seed)
+    g = p.add_argument_group("runtime")
+    g.add_argument("--device", default=d.device, help="auto, cpu, cuda")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
+                   help="compute dtype (autocast; master weights fp32). auto: bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--feature-dtype", default=d.feature_dtype, choices=["float32", "bfloat16"],
+                   help="target compute dtype for context features")
+    g.add_argument("--no-feature-cache", action="store_true")
+    g.add_argument("--log-every", type=int, default=d.log_every)
+    g.add_argument("--eval-every", type=int, default=d.eval_every)
+    g.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
+    g.add_argument("--ckpt-minutes", type=float, default=d.ckpt_minutes)
+    g.add_argument("--stop-after-steps", type=int, default=None, help="stop at this step (schedule unchanged)")
+    g.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --run-dir")
+    g.add_argument("--threads", type=int, default=None, help="torch threads")
+    g.add_argument("--no-progress", action="store_true")
+
+
+def config_from_args(args) -> TrainConfig:
+    fields = {f for f in TrainConfig.__dataclass_fields__}
+    kw = {k: v for k, v in vars(args).items() if k in fields}
+    kw["cache_features"] = not args.no_feature_cache
+    kw["resume"] = not args.no_resume
+    kw["progress"] = not args.no_progress
+    return TrainConfig(**kw)
+
+
+def train(cfg: TrainConfig, target=None, examples=None) -> dict:
+    trainer = Trainer(cfg, target=target, examples=examples)
+    return trainer.run()
+
+
+def train_from_args(args) -> None:
+    result = train(config_from_args(args))
+    print(json.dumps(result))

@@ -1,0 +1,149 @@
+"""Transformers backend: speculative generation is lossless on tiny random targets.
+
+Greedy: token-for-token equal to ``target.generate``. Sampling: a chi-square test on the first tokens'
+distribution against the exact one computed from the target. The real-model checks are in
+``test_smollm2.py``.
+"""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from sglang_domino.hf import generate as gen
+from sglang_domino.hf.generate import plain_generate, speculative_generate
+from sglang_domino.kernels import dispatch
+from sglang_domino.models import init_drafter, tiny_target
+from sglang_domino.sampling import BatchSampling, SamplingParams, sampling_probs
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def pair(request):
+    target = tiny_target(request.param, vocab_size=64, hidden_size=64, num_layers=6)
+    drafter = init_drafter(target.config, num_layers=1, num_context_layers=2, block_size=6,
+                           gru_hidden_dim=32, emb_dim=16, init_std=0.2)
+    return target, drafter
+
+
+def _prompts(n, vocab=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab - 1, (1, int(torch.randint(3, 12, (1,), generator=g))), generator=g)
+            for _ in range(n)]
+
+
+def _hf_greedy(target, ids, max_new, eos=None):
+    out = target.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=0,
+                          attention_mask=torch.ones_like(ids))
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("use_head, block", [(True, None), (False, None), (True, 3)])
+def test_greedy_equals_hf_generate(pair, use_head, block):
+    target, drafter = pair
+    for ids in _prompts(6):
+        expected = _hf_greedy(target, ids, 24)
+        out = speculative_generate(target, drafter, ids, 24, use_head=use_head, block_size=block)
+        assert out.tokens == expected
+        assert out.tokens == plain_generate(target, ids, 24).tokens
+        assert out.stats.new_tokens == 24 and out.stats.steps >= 24 // drafter.config.block_size
+
+
+def test_accepted_blocks_rollback_and_stop_tokens(pair, monkeypatch):
+    """Draft the target's own greedy continuation, corrupted every third step: exercises every accept
+    length, the KV rollback and the drafter context update (a controlled draft, not a stubbed target)."""
+    target, drafter = pair
+    real_verify, state = dispatch.verify_greedy, {}
+
+    def oracle_rollout(z, base, bonus, embed, head, pure, sampling, noise):
+        n, done = z.shape[1], state["done"]
+        draft = (state["cont"][done:done + n] + [0] * n)[:n]
+        state["calls"] += 1
+        if state["calls"] % 3 == 0 and n > 1:
+            k = state["calls"] % n
+            draft[k] = (draft[k] + 1) % 64
+        return torch.tensor([draft]), None
+
+    def counting_verify(draft, logits):
+        a, b = real_verify(draft, logits)
+        state["done"] += int(a) + 1
+        return a, b
+
+    monkeypatch.setattr(gen.dispatch, "rollout", oracle_rollout)
+    monkeypatch.setattr(gen.dispatch, "verify_greedy", counting_verify)
+    last = drafter.config.block_size - 1
+    for ids in _prompts(4, seed=1):
+        cont = _hf_greedy(target, ids, 40)
+        state.update(cont=cont, done=1, calls=0)
+        out = speculative_generate(target, drafter, ids, 40)
+        assert out.tokens == cont
+        assert max(out.stats.accept_lens) == last and min(out.stats.accept_lens) < last
+        # A stop token inside an accepted block ends the output exactly where plain decoding does.
+        stop = cont[17]
+        state.update(done=1, calls=0)
+        out = speculative_generate(target, drafter, ids, 40, stop_token_ids=[stop])
+        assert out.tokens == _hf_greedy(target, ids, 40, eos=stop)
+        assert out.tokens[-1] == stop and stop not in out.tokens[:-1]
+
+
+def _exact_prefix_distribution(target, ids, params, length):
+    """P(first `length` new tokens) under plain sampling, by enumeration: dict tuple -> prob."""
+    vocab = target.config.vocab_size
+    batch = BatchSampling.of([params])
+    dist = {(): 1.0}
+    for _ in range(length):
+        prefixes = list(dist)
+        seqs = torch.cat([ids.expand(len(prefixes), -1), torch.tensor([list(p) for p in prefixes])
+                          .reshape(len(prefixes), -1).long()], 1)
+        with torch.no_grad():
+            logits = target(seqs).logits[:, -1]
+        probs = sampling_probs(logits, BatchSampling(batch.temperature.expand(len(prefixes)),
+                                                     batch.top_k.expand(len(prefixes)),
+                                                     batch.top_p.expand(len(prefixes))))
+        dist = {p + (t,): dist[p] * float(probs[i, t]) for i, p in enumerate(prefixes)
+                for t in range(vocab) if probs[i, t] > 0}
+    return dist
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.9, 0, 1.0), SamplingParams(1.0, 6, 0.8)])
+def test_sampling_is_lossless(params):
+    """Chi-square on the joint distribution of the first 3 tokens (2 of which come from speculation)."""
+    target = tiny_target("llama", vocab_size=16, hidden_size=32, num_layers=4, seed=3)
+    with torch.no_grad():  # a peaky target, so that drafts are often accepted
+        target.lm_head.weight.mul_(4)
+    drafter = init_drafter(target.config, num_layers=1, num_context_layers=2, block_size=4,
+                           gru_hidden_dim=16, emb_dim=8, init_std=0.3, seed=1)
+    ids = torch.tensor([[3, 7, 1, 9]])
+    exact = _exact_prefix_distribution(target, ids, params, 3)
+    samples, accepted = 2000, 0
+    counts = dict.fromkeys(exact, 0)
+    for seed in range(samples):
+        out = speculative_generate(target, drafter, ids, 3, sampling=params, seed=seed)
+        counts[tuple(out.tokens)] += 1  # KeyError = a sequence plain sampling can never produce
+        accepted += sum(out.stats.accept_lens)
+    assert accepted > samples // 10  # speculation did its part
+    # Pool rare outcomes so every expected count is >= 5.
+    keys = sorted(exact, key=exact.get, reverse=True)
+    obs, exp, rest_o, rest_e = [], [], 0, 0.0
+    for k in keys:
+        if exact[k] * samples >= 5:
+            obs.append(counts[k]), exp.append(exact[k] * samples)
+        else:
+            rest_o, rest_e = rest_o + counts[k], rest_e + exact[k] * samples
+    obs.append(rest_o), exp.append(rest_e)
+    exp = [e * samples / sum(exp) for e in exp]
+    assert chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_plain_sampling_matches_exact_distribution():
+    """The reference decoder itself samples the target's distribution (guards the test above)."""
+    target = tiny_target("llama", vocab_size=16, hidden_size=32, num_layers=4, seed=3)
+    ids, params = torch.tensor([[3, 7, 1, 9]]), SamplingParams(1.0, 6, 0.8)
+    exact = _exact_prefix_distribution(target, ids, params, 1)
+    counts = dict.fromkeys(exact, 0)
+    for seed in range(2000):
+        counts[tuple(plain_generate(target, ids, 1, params, seed=seed).tokens)] += 1
+    keys = list(exact)
+    assert chisquare([counts[k] for k in keys], [exact[k] * 2000 for k in keys]).pvalue > 1e-3
