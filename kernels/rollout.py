@@ -2,23 +2,29 @@
 fused per step. The torch reference (the spec) is ``sglang_domino.rollout.rollout``, re-exported here as
 ``rollout_reference``; ``tests/test_kernels.py`` holds one to the other.
 
-One step of the chain, for the whole batch at once, is three (greedy) or four (sampling) launches, each
+One step of the chain, for the whole batch at once, is a few launches. The matmul kernels are
 weight-stationary (a program owns a tile of a weight matrix and multiplies every batch row by it, so a
-weight is read once per step whatever the batch):
+weight is read once per step whatever the batch); vocabulary-wide results are combined per row:
 
-    _hidden_kernel   hid = silu([z_i ; s] @ w1^T)                       grid (E tiles, row blocks)
-    _logits_kernel   l = base_i + hid @ w2^T; per-tile argmax, or      grid (V tiles, row blocks)
-                     per-tile (max, sum exp) of l / T and l / T -> q
-    _sample_kernel   q = softmax (one-hot where T = 0); per-tile       grid (V tiles, row blocks)
-                     argmax of q / E (the exponential race)
-    _gru_kernel      y = argmax over the tiles' partials -> tokens;   grid (G tiles, row blocks)
-                     s = GRUCell(E[y], s)
+    _zproj_kernel      z @ w1[:, :H]^T for all steps (once, before the loop)  grid (E tiles, row blocks)
+    _hidden_kernel     hid = silu(zproj_i + sum of the s @ w1[:, H:]^T shares) grid (E tiles, row blocks)
+    _logits_kernel     l = base_i + hid @ w2^T; per-tile max / first argmax,  grid (V tiles, row blocks)
+                       for sampling also l / T -> q and per-tile sum of exp
+    _row_reduce_kernel combine a row's tiles: first argmax -> tokens[:, i];    grid (rows,)
+                       for sampling the row's max and sum of exp
+    _sample_kernel     q = softmax(l / T) (one-hot where T = 0) -> q, and      grid (V tiles, row blocks)
+                       per-tile argmax of q / E (the exponential race)
+    _gates_kernel      split-K partial products E[y] @ w_ih^T, s @ w_hh^T     grid (3G tiles, K chunks, row blocks)
+    _gru_kernel        s = GRUCell(E[y], s) from the summed partials, and     grid (G tiles, row blocks)
+                       this G tile's share of round(s) @ w1[:, H:]^T
 
-The [b, V] logits of a greedy step never reach memory. With top-k / top-p the logits are written to
-``q`` and turned into probabilities by the torch ``sampling_probs`` between ``_logits_kernel`` and
-``_sample_kernel`` (the rest stays fused). A persistent kernel over the block would need a grid-wide
-barrier between steps (every step needs all of the previous token's vocabulary), so the steps are
-separate launches; capture them in a CUDA graph to hide the launch cost.
+Greedy step: hidden, logits, row_reduce, gates, gru; the [b, V] logits never reach memory. Temperature
+sampling adds row_reduce (softmax statistics) and sample before the row_reduce that draws. With top-k /
+top-p the logits are written to ``q`` and turned into probabilities by the torch ``sampling_probs`` in
+place of the statistics pass (the rest stays fused). Partial sums are added in a fixed order, so results
+are deterministic. A persistent kernel over the block would need a grid-wide barrier between steps (each
+step needs the previous token, an argmax over the whole vocabulary), so the steps are separate
+launches: capture them in a CUDA graph to hide the launch cost (the greedy path has no host syncs).
 
 Numerics follow the reference: the GRU runs in fp32 on fp32-cast weights; the correction is computed the
 way ``correction`` computes it in the weights' dtype (fp32 accumulation, rounded to that dtype after
@@ -44,10 +50,12 @@ F32_DOT = os.environ.get("SGLANG_DOMINO_F32_DOT", "tf32x3")
 
 # Tile sizes (read at call time, so tests can shrink them to exercise multi-tile paths).
 BLOCK_V = 128  # vocabulary tile of the logits / sample kernels
-BLOCK_T = 128  # how many per-tile partials one reduction step reads
-BLOCK_G = 16  # GRU output tile
-BLOCK_E = 16  # correction hidden tile
-BLOCK_K = 64  # reduction (K) tile of every matmul
+BLOCK_T = 1024  # how many per-tile partials one step of _row_reduce_kernel reads
+BLOCK_N = 64  # output tile of the GRU gate products (3G outputs) and of _zproj_kernel (E outputs)
+K_CHUNK = 512  # split-K: each _gates_kernel program reduces this many inputs
+BLOCK_G = 64  # GRU state tile of _gru_kernel
+BLOCK_E = 32  # embed_proj hidden tile
+BLOCK_K = 32  # reduction (K) tile of every matmul
 NUM_WARPS = 4
 
 _MODE_ARGMAX, _MODE_SOFTMAX, _MODE_RAW = 0, 1, 2
@@ -71,97 +79,7 @@ def _tanh(x):
     return 2.0 * tl.sigmoid(2.0 * x) - 1.0
 
 
-@triton.jit
-def _reduce_argmax(val_ptr, idx_ptr, rows, row_ok, n_tiles, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Combine per-tile (max, first argmax) partials [rows, n_tiles] -> first argmax per row (int32)."""
-    best_v = tl.full([BLOCK_B], float("-inf"), tl.float32)
-    best_i = tl.zeros([BLOCK_B], tl.int32)
-    for t0 in range(0, n_tiles, BLOCK_T):
-        ts = t0 + tl.arange(0, BLOCK_T)
-        mask = row_ok[:, None] & (ts < n_tiles)[None, :]
-        offs = rows[:, None] * n_tiles + ts[None, :]
-        v = tl.load(val_ptr + offs, mask=mask, other=float("-inf"))
-        i = tl.load(idx_ptr + offs, mask=mask, other=2147483647)
-        cm = tl.max(v, 1)
-        ci = tl.min(tl.where(v == cm[:, None], i, 2147483647), 1)
-        better = cm > best_v  # chunks come in vocabulary order: on a tie the earlier index stays
-        best_i = tl.where(better, ci, best_i)
-        best_v = tl.where(better, cm, best_v)
-    return best_i
-
-
 # -- kernels ------------------------------------------------------------------------------------------
-@triton.jit
-def _gru_kernel(
-    tok_ptr, tok_stride,  # [b] tokens to read when not FROM_PARTIALS
-    part_val_ptr, part_idx_ptr, n_tiles,  # [b, n_tiles] argmax partials of the step just drawn
-    out_tok_ptr, out_tok_stride,  # where the drawn token goes (tokens[:, i])
-    embed_ptr, embed_stride,  # [V, H]
-    w_ih_ptr, w_hh_ptr,  # [3G, H], [3G, G] contiguous, gates (r, z, n)
-    s_in_ptr, s_out_ptr,  # [b, G] fp32
-    B, H, G,
-    FROM_PARTIALS: tl.constexpr, HAS_STATE: tl.constexpr, DO_GRU: tl.constexpr,
-    X_PREC: tl.constexpr, H_PREC: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-):
-    """y = argmax of the partials (written to out_tok by the first G tile); s_out = GRUCell(E[y], s_in)."""
-    pid_g = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
-    row_ok = rows < B
-    if FROM_PARTIALS:
-        tok = _reduce_argmax(part_val_ptr, part_idx_ptr, rows, row_ok, n_tiles, BLOCK_B, BLOCK_T).to(tl.int64)
-        if pid_g == 0:
-            tl.store(out_tok_ptr + rows * out_tok_stride, tok, mask=row_ok)
-    else:
-        tok = tl.load(tok_ptr + rows * tok_stride, mask=row_ok, other=0).to(tl.int64)
-    if DO_GRU:
-        cols = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
-        col_ok = cols < G
-        i_r = tl.zeros([BLOCK_B, BLOCK_G], tl.float32)
-        i_z = tl.zeros([BLOCK_B, BLOCK_G], tl.float32)
-        i_n = tl.zeros([BLOCK_B, BLOCK_G], tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < H
-            x = tl.load(embed_ptr + tok[:, None] * embed_stride + ks[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            w_offs = cols[None, :] * H + ks[:, None]  # [BLOCK_K, BLOCK_G] view of w_ih^T
-            w_mask = k_ok[:, None] & col_ok[None, :]
-            w_r = tl.load(w_ih_ptr + w_offs, mask=w_mask, other=0.0).to(tl.float32)
-            w_z = tl.load(w_ih_ptr + G * H + w_offs, mask=w_mask, other=0.0).to(tl.float32)
-            w_n = tl.load(w_ih_ptr + 2 * G * H + w_offs, mask=w_mask, other=0.0).to(tl.float32)
-            i_r = tl.dot(x, w_r, i_r, input_precision=X_PREC)
-            i_z = tl.dot(x, w_z, i_z, input_precision=X_PREC)
-            i_n = tl.dot(x, w_n, i_n, input_precision=X_PREC)
-        if HAS_STATE:
-            h_r = tl.zeros([BLOCK_B, BLOCK_G], tl.float32)
-            h_z = tl.zeros([BLOCK_B, BLOCK_G], tl.float32)
-            h_n = tl.zeros([BLOCK_B, BLOCK_G], tl.float32)
-            for k0 in range(0, G, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < G
-                s = tl.load(s_in_ptr + rows[:, None] * G + ks[None, :],
-                            mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                w_offs = cols[None, :] * G + ks[:, None]
-                w_mask = k_ok[:, None] & col_ok[None, :]
-                w_r = tl.load(w_hh_ptr + w_offs, mask=w_mask, other=0.0).to(tl.float32)
-                w_z = tl.load(w_hh_ptr + G * G + w_offs, mask=w_mask, other=0.0).to(tl.float32)
-                w_n = tl.load(w_hh_ptr + 2 * G * G + w_offs, mask=w_mask, other=0.0).to(tl.float32)
-                h_r = tl.dot(s, w_r, h_r, input_precision=H_PREC)
-                h_z = tl.dot(s, w_z, h_z, input_precision=H_PREC)
-                h_n = tl.dot(s, w_n, h_n, input_precision=H_PREC)
-            h = tl.load(s_in_ptr + rows[:, None] * G + cols[None, :],
-                        mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            r = tl.sigmoid(i_r + h_r)
-            u = tl.sigmoid(i_z + h_z)
-            new = _tanh(i_n + r * h_n)
-            s_new = (1.0 - u) * new + u * h
-        else:  # zero state: GRUCell(x, 0)
-            u = tl.sigmoid(i_z)
-            s_new = (1.0 - u) * _tanh(i_n)
-        tl.store(s_out_ptr + rows[:, None] * G + cols[None, :], s_new, mask=row_ok[:, None] & col_ok[None, :])
-
-
 @triton.jit
 def _zproj_kernel(
     z_ptr,  # [M, H] contiguous (all b * n backbone states)
@@ -187,32 +105,118 @@ def _zproj_kernel(
 
 
 @triton.jit
+def _gates_kernel(
+    tok_ptr, tok_stride,  # [b] tokens y
+    embed_ptr, embed_stride,  # [V, H]
+    s_ptr,  # [b, G] fp32 state
+    w_ih_ptr, w_hh_ptr,  # [3G, H], [3G, G] contiguous
+    part_ptr,  # [split_x + split_h, b, 3G] fp32 out
+    B, H, G, split_x,
+    X_PREC: tl.constexpr, H_PREC: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNK: tl.constexpr,
+):
+    """Split-K partial GRU gate products: program (n, k) computes, for K_CHUNK inputs, E[y] @ w_ih^T
+    (k < split_x) or s @ w_hh^T (k >= split_x) for one tile of the 3G gate outputs."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_k = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < B
+    col_ok = cols < 3 * G
+    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    if pid_k < split_x:
+        tok = tl.load(tok_ptr + rows * tok_stride, mask=row_ok, other=0).to(tl.int64)
+        for k0 in range(pid_k * K_CHUNK, tl.minimum(pid_k * K_CHUNK + K_CHUNK, H), BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < H
+            x = tl.load(embed_ptr + tok[:, None] * embed_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            w = tl.load(w_ih_ptr + cols[None, :].to(tl.int64) * H + ks[:, None], mask=k_ok[:, None] & col_ok[None, :],
+                        other=0.0)
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=X_PREC)
+    else:
+        k_start = (pid_k - split_x) * K_CHUNK
+        for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, G), BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < G
+            x = tl.load(s_ptr + rows[:, None] * G + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_hh_ptr + cols[None, :] * G + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(x, w.to(tl.float32), acc, input_precision=H_PREC)
+    out = (pid_k * B + rows[:, None]).to(tl.int64) * (3 * G) + cols[None, :]
+    tl.store(part_ptr + out, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _sum_parts(part_ptr, k_lo, k_hi, B, G3, offs, mask, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr):
+    acc = tl.zeros([BLOCK_B, BLOCK_G], tl.float32)
+    for k in range(k_lo, k_hi):  # fixed order: deterministic
+        acc += tl.load(part_ptr + (k * B).to(tl.int64) * G3 + offs, mask=mask, other=0.0)
+    return acc
+
+
+@triton.jit
+def _gru_kernel(
+    part_ptr, split_x, split_h,  # gate partials from _gates_kernel
+    s_in_ptr, s_out_ptr,  # [b, G] fp32
+    w1_ptr,  # [E, H + G] contiguous
+    hpart_ptr,  # [n_g_tiles, b, E] fp32 out: this tile's share of s_out @ w1[:, H:]^T
+    B, H, G, E,
+    HAS_STATE: tl.constexpr, HID_PART: tl.constexpr, RND: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """s_out = GRUCell(E[y], s_in) for one tile of G from the summed gate partials (s_in = 0 when not
+    HAS_STATE), in fp32; then (HID_PART) the tile's split-K share of round(s_out) @ w1[:, H:]^T."""
+    pid_g = tl.program_id(0)
+    cols = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
+    rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < B
+    col_ok = cols < G
+    mask = row_ok[:, None] & col_ok[None, :]
+    offs = rows[:, None] * (3 * G) + cols[None, :]
+    i_r = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs, mask, BLOCK_B, BLOCK_G)
+    i_z = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs + G, mask, BLOCK_B, BLOCK_G)
+    i_n = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs + 2 * G, mask, BLOCK_B, BLOCK_G)
+    if HAS_STATE:
+        k_hi = split_x + split_h
+        h_r = _sum_parts(part_ptr, split_x, k_hi, B, 3 * G, offs, mask, BLOCK_B, BLOCK_G)
+        h_z = _sum_parts(part_ptr, split_x, k_hi, B, 3 * G, offs + G, mask, BLOCK_B, BLOCK_G)
+        h_n = _sum_parts(part_ptr, split_x, k_hi, B, 3 * G, offs + 2 * G, mask, BLOCK_B, BLOCK_G)
+        h = tl.load(s_in_ptr + rows[:, None] * G + cols[None, :], mask=mask, other=0.0)
+        r = tl.sigmoid(i_r + h_r)
+        u = tl.sigmoid(i_z + h_z)
+        s_new = (1.0 - u) * _tanh(i_n + r * h_n) + u * h
+    else:  # zero state: GRUCell(x, 0)
+        s_new = (1.0 - tl.sigmoid(i_z)) * _tanh(i_n)
+    tl.store(s_out_ptr + rows[:, None] * G + cols[None, :], s_new, mask=mask)
+    if HID_PART:
+        s_r = tl.where(mask, _round(s_new, RND), 0.0)
+        for e0 in range(0, E, BLOCK_E):
+            es = e0 + tl.arange(0, BLOCK_E)
+            e_ok = es < E
+            w = tl.load(w1_ptr + es[None, :] * (H + G) + H + cols[:, None], mask=col_ok[:, None] & e_ok[None, :],
+                        other=0.0)
+            part = tl.dot(s_r, w.to(tl.float32), input_precision=PREC)
+            tl.store(hpart_ptr + (pid_g * B + rows[:, None]) * E + es[None, :], part,
+                     mask=row_ok[:, None] & e_ok[None, :])
+
+
+@triton.jit
 def _hidden_kernel(
     zp_ptr, zp_stride_b, zp_off,  # zproj[:, i] = zp_ptr + zp_off + row * zp_stride_b, [b, E] fp32
-    s_ptr,  # [b, G] fp32
-    w1_ptr,  # [E, H + G] contiguous
+    hpart_ptr, n_parts,  # [n_parts, b, E] fp32 shares of round(s) @ w1[:, H:]^T
     hid_ptr,  # [b, E] fp32 out (values rounded to the head's dtype)
-    B, H, G, E,
-    RND: tl.constexpr, PREC: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    B, E,
+    RND: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """hid = silu(z_i @ w1[:, :H]^T + s @ w1[:, H:]^T), rounded like the reference's ops in the head's dtype."""
     cols = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
-    row_ok = rows < B
-    col_ok = cols < E
-    acc = tl.load(zp_ptr + zp_off + rows[:, None] * zp_stride_b + cols[None, :],
-                  mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    for k0 in range(0, G, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < G
-        s = tl.load(s_ptr + rows[:, None] * G + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w1_ptr + cols[None, :] * (H + G) + H + ks[:, None], mask=k_ok[:, None] & col_ok[None, :],
-                    other=0.0)
-        acc = tl.dot(_round(s, RND), w.to(tl.float32), acc, input_precision=PREC)
+    mask = (rows < B)[:, None] & (cols < E)[None, :]
+    acc = tl.load(zp_ptr + zp_off + rows[:, None] * zp_stride_b + cols[None, :], mask=mask, other=0.0)
+    for p in range(0, n_parts):
+        acc += tl.load(hpart_ptr + (p * B + rows[:, None]) * E + cols[None, :], mask=mask, other=0.0)
     pre = _round(acc, RND)
     hid = _round(pre * tl.sigmoid(pre), RND)
-    tl.store(hid_ptr + rows[:, None] * E + cols[None, :], hid, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(hid_ptr + rows[:, None] * E + cols[None, :], hid, mask=mask)
 
 
 @triton.jit
@@ -270,15 +274,50 @@ def _logits_kernel(
 
 
 @triton.jit
+def _row_reduce_kernel(
+    part_val_ptr, part_idx_ptr,  # [b, n_tiles] per-tile max / first argmax
+    part_max_ptr, part_sum_ptr,  # [b, n_tiles] per-tile max and sum exp(x - max) (SOFTMAX)
+    tok_ptr, tok_stride,  # out: the row's first argmax (int64)
+    stats_ptr,  # out (SOFTMAX): [b, 2] fp32, the row's max and sum exp(x - max)
+    n_tiles,
+    SOFTMAX: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Combine one row's per-tile partials (tiles in vocabulary order; ties go to the first index)."""
+    row = tl.program_id(0)
+    best_v, best_i = float("-inf"), 0
+    big, total = float("-inf"), 0.0
+    for t0 in range(0, n_tiles, BLOCK_T):
+        ts = t0 + tl.arange(0, BLOCK_T)
+        ok = ts < n_tiles
+        v = tl.load(part_val_ptr + row * n_tiles + ts, mask=ok, other=float("-inf"))
+        i = tl.load(part_idx_ptr + row * n_tiles + ts, mask=ok, other=2147483647)
+        cm = tl.max(v, 0)
+        ci = tl.min(tl.where(v == cm, i, 2147483647), 0)
+        better = cm > best_v  # an earlier chunk keeps a tie
+        best_i = tl.where(better, ci, best_i)
+        best_v = tl.where(better, cm, best_v)
+        if SOFTMAX:
+            pm = tl.load(part_max_ptr + row * n_tiles + ts, mask=ok, other=float("-inf"))
+            ps = tl.load(part_sum_ptr + row * n_tiles + ts, mask=ok, other=0.0)
+            new_big = tl.maximum(big, tl.max(pm, 0))
+            safe = tl.where(new_big > float("-inf"), new_big, 0.0)
+            total = total * tl.exp(big - safe) + tl.sum(tl.where(pm > float("-inf"), ps * tl.exp(pm - safe), 0.0), 0)
+            big = new_big
+    tl.store(tok_ptr + row * tok_stride, best_i.to(tl.int64))
+    if SOFTMAX:
+        tl.store(stats_ptr + 2 * row, big)
+        tl.store(stats_ptr + 2 * row + 1, total)
+
+
+@triton.jit
 def _sample_kernel(
     q_ptr, q_stride_b, q_off,  # q[:, i]: l / T on entry (softmax mode) or probabilities (PROBS_GIVEN)
     exp_ptr, exp_stride_b, exp_off,  # exponential[:, i]
     temp_ptr,  # [b] fp32
-    part_val_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # partials from _logits_kernel
-    race_val_ptr, race_idx_ptr,  # [b, n_tiles] out: per-tile max / argmax of q / E
+    stats_ptr, top_ptr,  # [b, 2] max / sum exp of l / T, [b] argmax of l (from _row_reduce_kernel)
+    race_val_ptr, race_idx_ptr,  # [b, n_tiles] out: per-tile max / first argmax of q / E
     B, V, n_tiles,
-    PROBS_GIVEN: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
+    PROBS_GIVEN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """q = softmax(l / T) (one-hot at argmax l where T = 0) for one vocabulary tile, stored; then the
     tile's part of the exponential race argmax(q / E)."""
@@ -293,23 +332,13 @@ def _sample_kernel(
     if PROBS_GIVEN:
         probs = tl.load(q_ptr + q_offs, mask=mask, other=0.0)
     else:
-        big = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_B], tl.float32)
-        for t0 in range(0, n_tiles, BLOCK_T):  # online (max, sum) over the tiles' partials
-            ts = t0 + tl.arange(0, BLOCK_T)
-            pmask = row_ok[:, None] & (ts < n_tiles)[None, :]
-            offs = rows[:, None] * n_tiles + ts[None, :]
-            pm = tl.load(part_max_ptr + offs, mask=pmask, other=float("-inf"))
-            ps = tl.load(part_sum_ptr + offs, mask=pmask, other=0.0)
-            new_big = tl.maximum(big, tl.max(pm, 1))
-            safe = tl.where(new_big > float("-inf"), new_big, 0.0)
-            total = total * tl.exp(big - safe) + tl.sum(tl.where(pm > float("-inf"), ps * tl.exp(pm - safe[:, None]), 0.0), 1)
-            big = new_big
+        big = tl.load(stats_ptr + 2 * rows, mask=row_ok, other=0.0)
+        total = tl.load(stats_ptr + 2 * rows + 1, mask=row_ok, other=1.0)
+        top = tl.load(top_ptr + rows, mask=row_ok, other=0)
+        temp = tl.load(temp_ptr + rows, mask=row_ok, other=1.0)
         scaled = tl.load(q_ptr + q_offs, mask=mask, other=float("-inf"))
         total = tl.where(total > 0.0, total, 1.0)  # padding rows
         probs = tl.exp(scaled - tl.where(big > float("-inf"), big, 0.0)[:, None]) / total[:, None]
-        temp = tl.load(temp_ptr + rows, mask=row_ok, other=1.0)
-        top = _reduce_argmax(part_val_ptr, part_idx_ptr, rows, row_ok, n_tiles, BLOCK_B, BLOCK_T)
         onehot = tl.where(vs[None, :] == top[:, None], 1.0, 0.0)
         probs = tl.where((temp == 0.0)[:, None], onehot, probs)
         tl.store(q_ptr + q_offs, probs, mask=mask)
@@ -373,19 +402,18 @@ def rollout(
     bb = min(64, max(16, triton.next_power_of_2(b)))  # batch rows per program (all of them up to 64)
     rb = triton.cdiv(b, bb)
     warps = NUM_WARPS if bb <= 32 else 2 * NUM_WARPS
-    block_t = min(BLOCK_T, max(16, 4096 // bb))
     n_tiles = triton.cdiv(vocab, BLOCK_V)
     f32 = dict(dtype=torch.float32, device=device)
     base = _unit_last(base_logits)
     part_val, part_idx = torch.empty(b, n_tiles, **f32), torch.empty(b, n_tiles, dtype=torch.int32, device=device)
-    race_val, race_idx = part_val, part_idx
-    temp = part_max = part_sum = exp = q_buf = part_val  # placeholders where unused
+    temp = part_max = part_sum = stats = exp = q_buf = part_val  # placeholders where unused
     if sampling is not None:
         temp = sampling.temperature.to(device=device, dtype=torch.float32).contiguous()
         torch_probs = _needs_torch_probs(sampling)
         exp, q_buf = _unit_last(exponential), q
-        part_max, part_sum = torch.empty(b, n_tiles, **f32), torch.empty(b, n_tiles, **f32)
+        part_max, part_sum, stats = torch.empty(b, n_tiles, **f32), torch.empty(b, n_tiles, **f32), torch.empty(b, 2, **f32)
         race_val, race_idx = torch.empty_like(part_val), torch.empty_like(part_idx)
+        top = torch.empty(b, dtype=torch.long, device=device)
 
     if head is not None:
         w_ih, w_hh, w1, w2 = (w.contiguous() for w in head)
@@ -401,33 +429,45 @@ def rollout(
         hid = torch.empty(b, emb_dim, **f32)
         zproj = torch.empty(b, n, emb_dim, **f32)
         if n > pure_prefix_len:
-            _zproj_kernel[(triton.cdiv(emb_dim, BLOCK_E), triton.cdiv(b * n, bb))](
+            _zproj_kernel[(triton.cdiv(emb_dim, BLOCK_N), triton.cdiv(b * n, bb))](
                 z.contiguous(), w1, zproj, b * n, hidden, gru, emb_dim,
-                PREC=c_prec, BLOCK_B=bb, BLOCK_E=BLOCK_E, BLOCK_K=BLOCK_K, num_warps=warps,
+                PREC=c_prec, BLOCK_B=bb, BLOCK_E=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps,
             )
-    else:  # backbone only: draw from the base logits, no GRU
-        w_ih = w_hh = w2 = emb = hid = s_cur = s_next = base
-        gru, emb_dim, rnd, c_prec, x_prec = 1, 1, 0, F32_DOT, F32_DOT
+        split_x, split_h = triton.cdiv(hidden, K_CHUNK), triton.cdiv(gru, K_CHUNK)
+        gates = torch.empty(split_x + split_h, b, 3 * gru, **f32)
+        n_g = triton.cdiv(gru, BLOCK_G)
+        hpart = torch.empty(n_g, b, emb_dim, **f32)
 
-    def gru_step(tok, from_partials, has_state, do_gru, sel_val, sel_idx, out_tok):
-        grid = (triton.cdiv(gru, BLOCK_G) if do_gru else 1, rb)
-        _gru_kernel[grid](
-            tok, tok.stride(0), sel_val, sel_idx, n_tiles, out_tok, tokens.stride(0), emb, emb.stride(0),
-            w_ih, w_hh, s_cur, s_next, b, hidden, gru,
-            FROM_PARTIALS=from_partials, HAS_STATE=has_state, DO_GRU=do_gru, X_PREC=x_prec, H_PREC=F32_DOT,
-            BLOCK_B=bb, BLOCK_G=BLOCK_G, BLOCK_K=BLOCK_K, BLOCK_T=block_t, num_warps=warps,
-        )
+        def gru_step(tok, has_state, hid_part):
+            """s = GRUCell(E[tok], s), and the next correction's share of s @ w1[:, H:]^T."""
+            _gates_kernel[(triton.cdiv(3 * gru, BLOCK_N), split_x + (split_h if has_state else 0), rb)](
+                tok, tok.stride(0), emb, emb.stride(0), s_cur, w_ih, w_hh, gates, b, hidden, gru, split_x,
+                X_PREC=x_prec, H_PREC=F32_DOT, BLOCK_B=bb, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, K_CHUNK=K_CHUNK,
+                num_warps=warps,
+            )
+            _gru_kernel[(n_g, rb)](
+                gates, split_x, split_h, s_cur, s_next, w1, hpart, b, hidden, gru, emb_dim,
+                HAS_STATE=has_state, HID_PART=hid_part, RND=rnd, PREC=c_prec,
+                BLOCK_B=bb, BLOCK_G=BLOCK_G, BLOCK_E=BLOCK_E, num_warps=warps,
+            )
 
-    if head is not None:  # s = GRUCell(E[bonus], 0)
-        gru_step(bonus, False, False, True, part_val, part_idx, tokens)
+        gru_step(bonus, False, pure_prefix_len == 0)  # s = GRUCell(E[bonus], 0)
         s_cur, s_next = s_next, s_cur
+    else:  # backbone only: draw from the base logits
+        w2 = hid = base
+        emb_dim, rnd, c_prec = 1, 0, F32_DOT
+
+    def row_reduce(val, idx, out, softmax):
+        _row_reduce_kernel[(b,)](val, idx, part_max, part_sum, out, out.stride(0), stats, n_tiles,
+                                 SOFTMAX=softmax, BLOCK_T=BLOCK_T, num_warps=NUM_WARPS)
+
     vgrid = (n_tiles, rb)
     for i in range(n):
         corr = head is not None and i >= pure_prefix_len
         if corr:
             _hidden_kernel[(triton.cdiv(emb_dim, BLOCK_E), rb)](
-                zproj, zproj.stride(0), i * emb_dim, s_cur, w1, hid, b, hidden, gru, emb_dim,
-                RND=rnd, PREC=c_prec, BLOCK_B=bb, BLOCK_E=BLOCK_E, BLOCK_K=BLOCK_K, num_warps=warps,
+                zproj, zproj.stride(0), i * emb_dim, hpart, n_g, hid, b, emb_dim,
+                RND=rnd, BLOCK_B=bb, BLOCK_E=BLOCK_E, num_warps=warps,
             )
         mode = _MODE_ARGMAX if sampling is None else (_MODE_RAW if torch_probs else _MODE_SOFTMAX)
         _logits_kernel[vgrid](
@@ -436,17 +476,20 @@ def rollout(
             HAS_CORR=corr, MODE=mode, RND=rnd, PREC=c_prec,
             BLOCK_B=bb, BLOCK_V=BLOCK_V, BLOCK_K=BLOCK_K, num_warps=warps,
         )
-        if sampling is not None:
+        if sampling is None:
+            row_reduce(part_val, part_idx, tokens[:, i], False)  # y = argmax
+        else:
             if torch_probs:
                 q[:, i] = sampling_probs(q[:, i], sampling)
+            else:
+                row_reduce(part_val, part_idx, top, True)  # softmax max / sum, and argmax for T = 0 rows
             _sample_kernel[vgrid](
-                q, q.stride(0), i * q.stride(1), exp, exp.stride(0), i * exp.stride(1), temp,
-                part_val, part_idx, part_max, part_sum, race_val, race_idx, b, vocab, n_tiles,
-                PROBS_GIVEN=torch_probs, BLOCK_B=bb, BLOCK_V=BLOCK_V, BLOCK_T=block_t, num_warps=warps,
+                q, q.stride(0), i * q.stride(1), exp, exp.stride(0), i * exp.stride(1), temp, stats, top,
+                race_val, race_idx, b, vocab, n_tiles,
+                PROBS_GIVEN=torch_probs, BLOCK_B=bb, BLOCK_V=BLOCK_V, num_warps=warps,
             )
-        # y_{i+1} = argmax over the tiles -> tokens[:, i]; then s = GRUCell(E[y_{i+1}], s) unless last
-        step_gru = head is not None and i + 1 < n
-        gru_step(tokens, True, True, step_gru, race_val, race_idx, tokens[:, i:])
-        if step_gru:
+            row_reduce(race_val, race_idx, tokens[:, i], False)  # y = argmax q / E
+        if head is not None and i + 1 < n:
+            gru_step(tokens[:, i], True, i + 1 >= pure_prefix_len)
             s_cur, s_next = s_next, s_cur
     return tokens, q

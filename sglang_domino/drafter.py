@@ -151,10 +151,8 @@ class DominoDrafter(nn.Module):
 
     # -- head ---------------------------------------------------------------------------------------
     def head_weights(self) -> "HeadWeights":
-        return HeadWeights(
-            self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0,
-            self.embed_proj[0].weight, self.embed_proj[2].weight,
-        )
+        return HeadWeights(self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0,
+                           self.embed_proj[0].weight, self.embed_proj[2].weight)
 
 
 class HeadWeights(NamedTuple):

@@ -90,20 +90,31 @@ def block_logits(drafter, frozen: Frozen, batch: BlockBatch, features: torch.Ten
     if not with_head:
         return base, None
     s, _ = drafter.prefix_gru(F.embedding(batch.gru_ids, frozen.embed).to(zp.dtype))  # [R, B-1, G]
-    corr = drafter.embed_proj(torch.cat([zp, s.to(zp.dtype)], -1))
-    p = cfg.pure_draft_prefix_len
-    if p > 0:
-        keep = (torch.arange(corr.shape[1], device=corr.device) >= p).to(corr.dtype)
-        corr = corr * keep[None, :, None]
-    return base, base + corr
+    p = cfg.pure_draft_prefix_len  # predictions k < p get no correction
+    corr = drafter.embed_proj(torch.cat([zp[:, p:], s[:, p:].to(zp.dtype)], -1))
+    final = torch.cat([base[:, :p], base[:, p:] + corr], 1) if p > 0 else base + corr
+    return base, final
 
 
-def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum(w_k * ce) / sum(w_k) over valid labels. logits [R, n, V]; labels [R, n]; weights [n]."""
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                with_correct: bool = False):
+    """sum(w_k * ce) / sum(w_k) over valid labels. logits [R, n, V]; labels [R, n]; weights [n].
+
+    with_correct: also return the [R, n] bool top-1 hits (label logit is the maximum), computed on
+    the float logits already made for the loss (cheaper than a separate argmax).
+    """
     valid = labels != IGNORE
-    ce = F.cross_entropy(logits.float().flatten(0, 1), labels.clamp_min(0).flatten(), reduction="none")
+    lf = logits.float()
+    target = labels.clamp_min(0)
+    ce = F.cross_entropy(lf.flatten(0, 1), target.flatten(), reduction="none")
     w = weights[None, :].expand_as(labels) * valid
-    return (ce.view_as(w) * w).sum() / w.sum().clamp_min(1e-12)
+    loss = (ce.view_as(w) * w).sum() / w.sum().clamp_min(1e-12)
+    if not with_correct:
+        return loss
+    with torch.no_grad():
+        d = lf.detach()
+        correct = (d.gather(-1, target[..., None])[..., 0] >= d.amax(-1)) & valid
+    return loss, correct
 
 
 def curriculum_loss(base: torch.Tensor, final: torch.Tensor | None, labels: torch.Tensor, weights: torch.Tensor,
@@ -112,14 +123,23 @@ def curriculum_loss(base: torch.Tensor, final: torch.Tensor | None, labels: torc
     stats = {}
     loss = base.new_zeros((), dtype=torch.float32)
     if lam > 0 or final is None:
-        ce_b = weighted_ce(base, labels, weights)
+        ce_b, stats["correct_base"] = weighted_ce(base, labels, weights, with_correct=True)
         loss = loss + (lam if final is not None else 1.0) * ce_b
         stats["ce_base"] = float(ce_b.detach())
     if final is not None and lam < 1:
-        ce_f = weighted_ce(final, labels, weights)
+        ce_f, stats["correct_final"] = weighted_ce(final, labels, weights, with_correct=True)
         loss = loss + (1 - lam) * ce_f
         stats["ce_final"] = float(ce_f.detach())
     return loss, stats
+
+
+@torch.no_grad()
+def hit_metrics(correct: torch.Tensor, labels: torch.Tensor) -> dict:
+    """``block_metrics`` from precomputed top-1 hits [R, n]."""
+    valid = labels != IGNORE
+    lead = torch.cumprod(correct.long(), dim=1).sum(1).float()
+    return {"acc": float(correct.sum() / valid.sum().clamp_min(1)), "accept": float(1 + lead.mean()),
+            "n_tok": int(valid.sum()), "n_rows": int(labels.shape[0])}
 
 
 @torch.no_grad()

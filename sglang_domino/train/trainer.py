@@ -16,6 +16,8 @@ import json
 import math
 import os
 import random
+import shlex
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,8 +27,8 @@ import torch
 from ..drafter import DominoDrafter, save_drafter
 from ..models import init_drafter
 from .anchors import build_blocks, sample_anchors
-from .curriculum import (Frozen, block_logits, block_metrics, curriculum_loss, default_gamma, lambda_at, lr_factor,
-                         position_weights)
+from .curriculum import (Frozen, block_logits, block_metrics, curriculum_loss, default_gamma, hit_metrics, lambda_at,
+                         lr_factor, position_weights, weighted_ce)
 from .features import FeatureExtractor
 
 CHECKPOINT = "checkpoint.pt"
@@ -56,7 +58,7 @@ class TrainConfig:
     max_steps: int | None = None
     batch_seqs: int = 4
     anchors_per_seq: int = 16
-    lr: float = 6e-4
+    lr: float = 1e-3  # published recipe: 6e-4 for much longer runs
     min_lr_ratio: float = 0.05
     warmup_ratio: float = 0.04
     weight_decay: float = 0.01
@@ -85,9 +87,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16 (bf16 matmuls several times faster than fp32 on such CPUs)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        if device.type == "cuda":
+        if device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16()):
             return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -101,6 +112,16 @@ def _seeded(*parts: int) -> torch.Generator:
         seed = (seed * 1_000_003 + int(p) + 7) % (2 ** 62)
     g.manual_seed(seed)
     return g
+
+
+def _fingerprint(examples: list[dict]) -> str:
+    import hashlib
+
+    h = hashlib.sha1()
+    for e in examples:
+        h.update(f"{e.get('id')}:{e['prompt_len']}:".encode())
+        h.update(e["input_ids"].to(torch.int32).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _atomic_torch_save(obj, path: Path) -> None:
@@ -166,6 +187,7 @@ class Trainer:
         n_val = min(cfg.val_examples, len(examples) // 10)
         self.val = [examples[i] for i in order[:n_val]]
         self.train_set = [examples[i] for i in order[n_val:]]
+        self.data_fingerprint = _fingerprint(examples)
         self.drafter = build_drafter(cfg, self.target).to(self.device)
         dcfg = self.drafter.config
         self.block_size = dcfg.block_size
@@ -233,9 +255,11 @@ class Trainer:
         gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        m = block_metrics(final if final is not None else base, batch.labels)
-        if final is not None:
-            m["acc_base"] = block_metrics(base, batch.labels)["acc"]
+        # Metrics of what the loss saw: the final logits once lambda < 1, the base logits while lambda = 1.
+        c_final, c_base = stats.pop("correct_final", None), stats.pop("correct_base", None)
+        m = hit_metrics(c_final if c_final is not None else c_base, batch.labels)
+        if c_base is not None and c_final is not None:
+            m["acc_base"] = hit_metrics(c_base, batch.labels)["acc"]
         self.step += 1
         return {"step": self.step, "loss": float(loss.detach()), "lambda": lam,
                 "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": float(gnorm), **stats, **m}
@@ -254,8 +278,6 @@ class Trainer:
             anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), self.cfg.anchors_per_seq,
                                       _seeded(self.cfg.seed, 10 ** 6, k + j)) for j, e in enumerate(exs)]
             base, final, batch = self._forward(exs, anchors, with_head=True)
-            from .curriculum import weighted_ce
-
             mf, mb = block_metrics(final, batch.labels), block_metrics(base, batch.labels)
             r = mf["n_rows"]
             tot["ce_final"] += float(weighted_ce(final, batch.labels, self.weights)) * r
@@ -337,7 +359,7 @@ class Trainer:
             "epoch": self.step // self.steps_per_epoch, "offset": self.step % self.steps_per_epoch,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-            "train_config": asdict(self.cfg),
+            "train_config": asdict(self.cfg), "data_fingerprint": self.data_fingerprint,
         }
         _atomic_torch_save(state, path)
         return path
@@ -347,6 +369,9 @@ class Trainer:
         if state["total_steps"] != self.total_steps:
             raise ValueError(f"{path}: made for {state['total_steps']} total steps, this run has {self.total_steps} "
                              f"(same data and settings are needed to resume; use another --run-dir)")
+        if state.get("data_fingerprint", self.data_fingerprint) != self.data_fingerprint:
+            raise ValueError(f"{path}: made with other training data (the dataset changed since, e.g. gen-data "
+                             f"added shards); resuming would not repeat the run: use another --run-dir")
         self.drafter.load_state_dict(state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -404,6 +429,7 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
   AdamW lr {cfg.lr:g} (warmup {cfg.warmup_ratio:g}, cosine to {cfg.min_lr_ratio:g} x), grad clip {cfg.grad_clip:g},
   {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {cfg.epochs:g} epochs, seed {cfg.seed},
   compute dtype {str(self.dtype).removeprefix('torch.')}, target features in {cfg.feature_dtype}
+- Command: `{" ".join(shlex.quote(a) for a in sys.argv)}` (rerun to resume from `{cfg.run_dir}/{CHECKPOINT}`)
 - Last validation (teacher-forced; `val_accept_greedy` = mean tokens per step greedy verification would commit on
   greedy held-out data, bonus included): {json.dumps(last_eval)}
 """
@@ -447,7 +473,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("runtime")
     g.add_argument("--device", default=d.device, help="auto, cpu, cuda")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
-                   help="compute dtype (autocast; master weights fp32). auto: bf16 on CUDA, fp32 on CPU")
+                   help="compute dtype (autocast; master weights fp32). auto: bf16 on CUDA and on CPUs with AMX/AVX512-BF16, "
+                        "else fp32")
     g.add_argument("--feature-dtype", default=d.feature_dtype, choices=["float32", "bfloat16"],
                    help="target compute dtype for context features")
     g.add_argument("--no-feature-cache", action="store_true")

@@ -1,0 +1,127 @@
+"""Acceptance and speed of the Transformers backend: plain vs Domino vs backbone-only (DFlash).
+
+For each prompt (MT-Bench first turns, then a held-out ShareGPT slice) and each temperature, the three
+decoders run back to back on the same prompt, so the ratios compare like with like on a noisy machine.
+Writes ``bench/results/<name>.json`` and a Markdown table beside it.
+
+    python bench/acceptance.py --drafter drafters/smollm2-domino-b16 --mtbench 20 --sharegpt 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_info import write_result  # noqa: E402
+
+from sglang_domino.drafter import load_drafter  # noqa: E402
+from sglang_domino.hf.generate import plain_generate, speculative_generate  # noqa: E402
+from sglang_domino.hf.target import chat_input_ids, load_target, stop_token_ids  # noqa: E402
+from sglang_domino.models import DEFAULT_MODEL_DIR, init_drafter  # noqa: E402
+from sglang_domino.prompts import mtbench_first_turns, sharegpt_heldout  # noqa: E402
+from sglang_domino.sampling import SamplingParams  # noqa: E402
+
+METHODS = ("plain", "domino", "backbone")
+
+
+def run_method(method, target, drafter, ids, max_new, params, stops, seed, block):
+    if method == "plain":
+        return plain_generate(target, ids, max_new, params, stops, seed=seed)
+    return speculative_generate(target, drafter, ids, max_new, params, stops, seed=seed,
+                                use_head=method == "domino", block_size=block)
+
+
+def summarise(runs: list) -> dict:
+    """Aggregate GenerateStats of one (dataset, temperature, method) cell."""
+    steps = sum(s.steps for s in runs)
+    tokens = sum(s.new_tokens for s in runs)
+    total = sum(s.time_total for s in runs)
+    out = {"prompts": len(runs), "new_tokens": tokens, "time_s": round(total, 3),
+           "tokens_per_s": round(tokens / total, 3) if total else 0.0}
+    if steps:
+        committed = sum(a + 1 for s in runs for a in s.accept_lens)
+        out.update(
+            steps=steps, tau=round(committed / steps, 3),
+            ms_per_step_backbone=round(1e3 * sum(s.time_backbone for s in runs) / steps, 3),
+            ms_per_step_head=round(1e3 * sum(s.time_head for s in runs) / steps, 3),
+            ms_per_step_verify=round(1e3 * sum(s.time_verify for s in runs) / steps, 3),
+        )
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = "| dataset | T | method | tau | tok/s | speedup | backbone ms/step | head ms/step | verify ms/step |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['temperature']} | {r['method']} | {r.get('tau', 1.0):.2f} | "
+            f"{r['tokens_per_s']:.2f} | {r['speedup']:.2f}x | {r.get('ms_per_step_backbone', 0):.1f} | "
+            f"{r.get('ms_per_step_head', 0):.1f} | {r.get('ms_per_step_verify', 0):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
+    ap.add_argument("--drafter", help="drafter checkpoint; default: a random (untrained) drafter")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--mtbench", type=int, default=20, help="MT-Bench first turns to use (of 80)")
+    ap.add_argument("--sharegpt", type=int, default=10, help="held-out ShareGPT prompts")
+    ap.add_argument("--exclude-data", default="data/sharegpt-smollm2", help="training data whose prompts to skip")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    ap.add_argument("--block-size", type=int, help="verify block (default: the drafter's)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--name", default="acceptance", help="result file name under bench/results/")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_target(args.model, dtype)
+    if args.drafter:
+        drafter, drafter_name = load_drafter(args.drafter, target.config, dtype=dtype), args.drafter
+    else:
+        drafter, drafter_name = init_drafter(target.config).to(dtype), "random (untrained)"
+    stops = stop_token_ids(target, tokenizer)
+    datasets = {"mtbench": mtbench_first_turns(args.mtbench),
+                "sharegpt": sharegpt_heldout(args.sharegpt, args.exclude_data) if args.sharegpt else []}
+
+    cells = defaultdict(list)
+    jobs = [(d, t, i, p) for t in args.temperatures for d, ps in datasets.items() for i, p in enumerate(ps)]
+    for dataset, temp, i, prompt in tqdm(jobs, desc="prompts", unit="prompt"):
+        ids = chat_input_ids(tokenizer, prompt)
+        params = SamplingParams(temperature=temp, top_p=0.95 if temp else 1.0)
+        for method in args.methods:
+            out = run_method(method, target, drafter, ids, args.max_new_tokens, params, stops, i, args.block_size)
+            cells[(dataset, temp, method)].append(out.stats)
+
+    rows = []
+    for (dataset, temp, method), runs in cells.items():
+        row = {"dataset": dataset, "temperature": temp, "method": method, **summarise(runs)}
+        plain = cells.get((dataset, temp, "plain"))
+        row["speedup"] = round(row["tokens_per_s"] / summarise(plain)["tokens_per_s"], 3) if plain else 1.0
+        rows.append(row)
+    domino = [r for r in rows if r["method"] == "domino" and "steps" in r]
+    head_share = {f"{r['dataset']}@T={r['temperature']}": round(r["ms_per_step_head"] / r["ms_per_step_backbone"], 3)
+                  for r in domino}
+    md = table(rows)
+    payload = {"target": args.model, "drafter": drafter_name, "dtype": args.dtype,
+               "block_size": args.block_size or drafter.config.block_size, "max_new_tokens": args.max_new_tokens,
+               "head_cost_over_backbone": head_share, "results": rows, "table": md}
+    path = write_result(args.name, payload)
+    path.with_suffix(".md").write_text(md + "\n")
+    print(md)
+    print(f"head cost / backbone cost per draft step: {head_share}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
