@@ -26,16 +26,16 @@ fi
 
 {
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo dirty)"
-  echo "date: $(date -u +%FT%TZ)  python: $PY ${PYFLAGS[*]}"
+  echo "date: $(date -u +%FT%TZ)  python: $PY ${PYFLAGS[*]-}"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
-  $PY "${PYFLAGS[@]}" -c "import torch, triton, sglang_domino.kernels.rollout as k; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(), k.__file__)"
+  $PY ${PYFLAGS[@]+"${PYFLAGS[@]}"} -c "import torch, triton, sglang_domino.kernels.rollout as k; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(), k.__file__)"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
 export PYTHONUNBUFFERED=1
-timeout 270 $PY "${PYFLAGS[@]}" -m pytest tests/test_kernels.py -q -rs -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/tests.txt"
+timeout 270 $PY ${PYFLAGS[@]+"${PYFLAGS[@]}"} -m pytest tests/test_kernels.py -q -rs -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/tests.txt"
 tests_rc=${PIPESTATUS[0]}
-timeout 300 $PY "${PYFLAGS[@]}" bench/kernels.py --out "$OUT/kernels-cuda.json" 2>&1 | tee "$OUT/bench.txt"
+timeout 300 $PY ${PYFLAGS[@]+"${PYFLAGS[@]}"} bench/kernels.py --out "$OUT/kernels-cuda.json" 2>&1 | tee "$OUT/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 echo "tests_rc=$tests_rc bench_rc=$bench_rc" | tee "$OUT/status.txt"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

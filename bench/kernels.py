@@ -162,7 +162,8 @@ def run(args) -> dict:
                 methods = {"triton": lambda: kr.rollout(**inp), **methods}
                 tok_k, _ = kr.rollout(**inp)
                 tok_r, _ = rollout_reference(**inp)
-                checks.append({**rec, "op": "rollout_greedy", "rows_equal": float((tok_k == tok_r).all(1).float().mean())})
+                checks.append({**rec, "op": "rollout_greedy",
+                               "rows_equal": float((tok_k == tok_r).all(1).float().mean())})
             for method, fn in methods.items():
                 bench_one(results, {**rec, "op": "rollout_greedy", "method": method}, fn, device, args, cuda)
 
@@ -183,7 +184,6 @@ def run(args) -> dict:
             for method, fn in methods.items():
                 bench_one(results, {**rec, "op": "verify_greedy", "method": method}, fn, device, args, cuda)
 
-            del target
             params = BatchSampling.of([SamplingParams(temperature=0.8)] * b, device=device)
             q = sampling_probs(torch.randn(b, n, shape["vocab"], device=device), params)
             p = sampling_probs(torch.randn(b, n + 1, shape["vocab"], device=device), params)
@@ -198,8 +198,6 @@ def run(args) -> dict:
                                "rows_equal": float(((got[0] == want[0]) & (got[1] == want[1])).float().mean())})
             for method, fn in methods.items():
                 bench_one(results, {**rec, "op": "verify_sampled", "method": method}, fn, device, args, cuda)
-            del inp, q, p, noise
-        del weights
         if cuda:
             torch.cuda.empty_cache()
     return {"device": str(device), "cpu_reference_only": not cuda, "results": results, "checks": checks}

@@ -7,7 +7,8 @@ as ``sglang_domino.rollout.rollout`` and ``sglang_domino.verify.*``. ``verify_gr
 The choice, by the environment variable ``SGLANG_DOMINO_KERNELS``:
     auto (default)   Triton when the tensors are on CUDA and triton imports, else the reference
     torch            always the reference
-    triton           always Triton (on CPU tensors this needs TRITON_INTERPRET=1 set before the first call)
+    triton           always Triton (CPU tensors need Triton's interpreter: TRITON_INTERPRET=1 set before
+                     triton is first imported)
 """
 
 from __future__ import annotations
@@ -73,10 +74,12 @@ def _kernels(name: str):
     return importlib.import_module(f"sglang_domino.kernels.{name}")
 
 
-def rollout(z, base_logits, bonus, embed, head, pure_prefix_len=1, sampling=None, exponential=None):
-    """See ``sglang_domino.rollout.rollout``."""
-    impl = _kernels("rollout").rollout if use_triton(z) else _rollout_ref.rollout
-    return impl(z, base_logits, bonus, embed, head, pure_prefix_len, sampling, exponential)
+def rollout(z, base_logits, bonus, embed, head, pure_prefix_len=1, sampling=None, exponential=None, pool_size=0):
+    """See ``sglang_domino.rollout.rollout``. The Triton kernel always scans the full vocabulary, which
+    picks the same tokens as the exact candidate pool (``pool_size``) of the reference."""
+    if use_triton(z):
+        return _kernels("rollout").rollout(z, base_logits, bonus, embed, head, pure_prefix_len, sampling, exponential)
+    return _rollout_ref.rollout(z, base_logits, bonus, embed, head, pure_prefix_len, sampling, exponential, pool_size)
 
 
 def verify_greedy(draft, target_logits):

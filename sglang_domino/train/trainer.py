@@ -1,7 +1,7 @@
 """Training loop: AdamW, warmup + cosine, grad clip, exact resume, export.
 
 A run lives in ``run_dir`` (``checkpoint.pt``: drafter, optimizer, scheduler, RNG, step; ``metrics.jsonl``;
-``features/``: cached target features) and exports the drafter to ``out`` in the published checkpoint
+``features/``: cached target features; ``best/``: the export with the lowest validation loss) and exports the drafter to ``out`` in the published checkpoint
 format (bfloat16) with a model card, at every checkpoint, so partial progress is usable.
 
 Data order is a pure function of (seed, step): epoch ``e`` visits the training examples in a permutation
@@ -207,6 +207,7 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, self.total_steps, self.warmup_steps, cfg.min_lr_ratio))
         self.step = 0
         self.elapsed = 0.0
+        self.best_val: float | None = None
         self._perm_cache: dict[int, list[int]] = {}
         if cfg.resume and (self.run_dir / CHECKPOINT).exists():
             self.load_checkpoint(self.run_dir / CHECKPOINT)
@@ -340,6 +341,11 @@ class Trainer:
                 ev = self.evaluate()
                 self._log({"step": self.step, "elapsed_s": round(self.elapsed, 1), **ev})
                 bar.write(f"step {self.step}: " + " ".join(f"{k}={v}" for k, v in ev.items()))
+                score = ev.get("val_ce_final")
+                if score is not None and (self.best_val is None or score < self.best_val):
+                    # Small data overfits: keep the export with the best held-out loss as well.
+                    self.best_val = score
+                    self.export(self.run_dir / "best")
             due = (cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or \
                 (cfg.ckpt_minutes and time.time() - last_ckpt > 60 * cfg.ckpt_minutes)
             if due or self.step == end:
@@ -355,7 +361,7 @@ class Trainer:
         state = {
             "drafter": self.drafter.state_dict(), "drafter_config": self.drafter.config.to_dict(),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "step": self.step, "total_steps": self.total_steps, "elapsed": self.elapsed,
+            "step": self.step, "total_steps": self.total_steps, "elapsed": self.elapsed, "best_val": self.best_val,
             "epoch": self.step // self.steps_per_epoch, "offset": self.step % self.steps_per_epoch,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
@@ -377,6 +383,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.elapsed = state.get("elapsed", 0.0)
+        self.best_val = state.get("best_val")
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         if state["rng"].get("cuda") is not None and torch.cuda.is_available():
@@ -385,9 +392,11 @@ class Trainer:
     def export(self, out: str | Path | None = None) -> Path:
         """Published format (bfloat16) + model card, written so a reader never sees a half file."""
         out = Path(out or self.cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
         tmp = out / ".export-tmp"
         save_drafter(self.drafter, tmp, dtype=torch.bfloat16)
         for name in ("config.json", "model.safetensors"):
+            os.chmod(tmp / name, 0o644)
             os.replace(tmp / name, out / name)
         tmp.rmdir()
         (out / "README.md").write_text(self.model_card())
@@ -425,6 +434,7 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
   ({cfg.data}): {stats['examples']} training conversations, {stats['response_tokens']} response tokens
   (mean {stats['mean_response_tokens']}), {stats['sampled_fraction']:.0%} sampled responses, the rest greedy;
   {len(self.val)} conversations held out for validation
+- Initialised from: {cfg.init_from or "random (embed_proj output layer zero, final norm = the target's)"}
 - Recipe: loss (1 - lambda) CE(final) + lambda CE(base), position weights exp(-k/{self.gamma:g}); lambda {lam};
   AdamW lr {cfg.lr:g} (warmup {cfg.warmup_ratio:g}, cosine to {cfg.min_lr_ratio:g} x), grad clip {cfg.grad_clip:g},
   {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {cfg.epochs:g} epochs, seed {cfg.seed},

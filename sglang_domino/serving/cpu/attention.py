@@ -18,11 +18,12 @@ TARGET = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBacken
 
 
 def _layout(backend, forward_batch, num_tokens: int):
-    """(gather indices [bs, L], allowed mask [bs, 1, B, L]) for this verify batch, cached per batch."""
-    key = (id(forward_batch), forward_batch.out_cache_loc.data_ptr(), num_tokens)
+    """(gather indices [bs, L], allowed mask [bs, B, L], query positions, key positions) of this verify
+    batch, computed at its first layer and kept for the others (keyed on the batch object itself: ids
+    and data pointers get reused by later batches)."""
     cached = getattr(backend, "_domino_verify_layout", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    if cached is not None and cached[0] is forward_batch and cached[1] == num_tokens:
+        return cached[2]
     bs = forward_batch.batch_size
     block = num_tokens // bs
     device = forward_batch.seq_lens.device
@@ -42,7 +43,7 @@ def _layout(backend, forward_batch, num_tokens: int):
     valid = arange_kv[None, :] < (prefix + block)[:, None]
     idx = torch.where(valid, rows, torch.zeros_like(rows))
     layout = (idx, allowed, q_pos, arange_kv)
-    backend._domino_verify_layout = (key, layout)
+    backend._domino_verify_layout = (forward_batch, num_tokens, layout)
     return layout
 
 
