@@ -437,7 +437,8 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
 - Initialised from: {cfg.init_from or "random (embed_proj output layer zero, final norm = the target's)"}
 - Recipe: loss (1 - lambda) CE(final) + lambda CE(base), position weights exp(-k/{self.gamma:g}); lambda {lam};
   AdamW lr {cfg.lr:g} (warmup {cfg.warmup_ratio:g}, cosine to {cfg.min_lr_ratio:g} x), grad clip {cfg.grad_clip:g},
-  {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {cfg.epochs:g} epochs, seed {cfg.seed},
+  {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {self.total_steps} steps
+  ({self.total_steps / self.steps_per_epoch:.1f} epochs of {self.steps_per_epoch} steps), seed {cfg.seed},
   compute dtype {str(self.dtype).removeprefix('torch.')}, target features in {cfg.feature_dtype}
 - Command: `{" ".join(shlex.quote(a) for a in sys.argv)}` (rerun to resume from `{cfg.run_dir}/{CHECKPOINT}`)
 - Last validation (teacher-forced; `val_accept_greedy` = mean tokens per step greedy verification would commit on
