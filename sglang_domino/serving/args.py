@@ -133,6 +133,11 @@ def handle_server_args(server_args) -> None:
                 f"--attention-backend {cfg.attention_backend}: DOMINO on CPU runs with torch_native attention")
         server_args.attention_backend = "torch_native"
         server_args.disable_cuda_graph = True
+    elif not cfg.disable_cuda_graph:
+        # Not yet validated on a GPU: SGLang's graph capture builds dummy verify inputs only for its
+        # built-in algorithms. Run the target eagerly rather than risk a wrong capture.
+        server_args.disable_cuda_graph = True
+        logger.warning("DOMINO: CUDA graphs are turned off (target verify runs eagerly).")
     if cfg.max_running_requests is None:
         server_args.max_running_requests = 48
     logger.info("DOMINO: block size %d (checkpoint %d), %d draft tokens per verify chain",

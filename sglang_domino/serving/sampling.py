@@ -33,10 +33,10 @@ def sglang_probs(logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch
     sorted_p, order = probs.sort(-1, descending=True)
     before = sorted_p.cumsum(-1) - sorted_p  # mass ranked strictly above each token
     rank = torch.arange(vocab, device=logits.device)
-    keep = rank.view(1, 1, -1) < top_ks.long().clamp(1, vocab).view(b, 1, 1)
-    keep &= ~(before > top_ps.float().view(b, 1, 1))
+    keep = (rank.view(1, 1, -1) < top_ks.long().clamp(1, vocab).view(b, 1, 1)).expand(b, n, vocab)
+    keep = keep & ~(before > top_ps.float().view(b, 1, 1))
     if min_ps is not None and bool((min_ps > 0).any()):
-        keep &= sorted_p >= sorted_p[..., :1] * min_ps.float().view(b, 1, 1)
+        keep = keep & (sorted_p >= sorted_p[..., :1] * min_ps.float().view(b, 1, 1))
     keep[..., 0] = True  # the top token always survives (as in SGLang)
     kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     kept = kept / kept.sum(-1, keepdim=True)

@@ -1,0 +1,226 @@
+#!/usr/bin/env python
+"""Serving throughput: plain decoding vs DOMINO (vs NGRAM) on real SGLang servers, one run.
+
+For each server kind (started here, one at a time, and stopped afterwards) and each concurrency
+level, a fixed set of prompts (MT-Bench first turns + held-out ShareGPT first turns, chat template
+applied by the server) is sent through /generate with streaming, a fixed output length
+(ignore_eos) and greedy decoding unless --temperature is given. Per level it records output tok/s,
+TTFT, inter-token latency (ITL = (e2e - TTFT) / (tokens - 1) per request), e2e p50/p99 and the
+accept length that SGLang reports in each response's meta_info.
+
+    python bench/throughput.py --draft drafters/smollm2-domino --concurrency 1 2 4 8 16 32
+    python bench/throughput.py --draft D --kinds baseline domino ngram --output-len 128 --requests 32
+
+Writes bench/results/<name>.json and .csv (with command, git commit, machine, date) and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import csv
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from run_info import RESULTS, run_info  # noqa: E402
+
+from sglang_domino.serving.server import DEFAULT_MODEL, Server, free_port, preset_args  # noqa: E402
+
+
+def load_prompts(n_mtbench: int, n_sharegpt: int) -> list[dict]:
+    from sglang_domino.prompts import mtbench_first_turns, sharegpt_heldout
+
+    out = [{"source": "mtbench", "text": t} for t in mtbench_first_turns(n_mtbench)]
+    if n_sharegpt:
+        out += [{"source": "sharegpt", "text": t} for t in sharegpt_heldout(n_sharegpt)]
+    return out
+
+
+def chat_text(tokenizer, prompt: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def one_request(url: str, text: str, output_len: int, sampling: dict) -> dict:
+    body = {"text": text, "stream": True,
+            "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, **sampling}}
+    t0 = time.perf_counter()
+    ttft, meta = None, {}
+    with requests.post(url + "/generate", json=body, stream=True, timeout=3600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            meta = chunk.get("meta_info", meta)
+    e2e = time.perf_counter() - t0
+    n = int(meta.get("completion_tokens", output_len))
+    return {"ttft": ttft or e2e, "e2e": e2e, "tokens": n, "itl": (e2e - (ttft or e2e)) / max(n - 1, 1),
+            "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct")}
+
+
+def pct(values, q):
+    values = sorted(values)
+    if not values:
+        return None
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def run_level(url, texts, concurrency, output_len, sampling, bar=None) -> dict:
+    t0 = time.perf_counter()
+    results = []
+    with cf.ThreadPoolExecutor(concurrency) as ex:
+        futs = [ex.submit(one_request, url, t, output_len, sampling) for t in texts]
+        for f in cf.as_completed(futs):
+            results.append(f.result())
+            if bar is not None:
+                bar.update(1)
+    wall = time.perf_counter() - t0
+    acc = [r["accept_length"] for r in results if r["accept_length"] is not None]
+    total = sum(r["tokens"] for r in results)
+    return {
+        "concurrency": concurrency, "requests": len(results), "output_tokens": total, "wall_s": wall,
+        "output_tok_s": total / wall,
+        "ttft_p50_s": pct([r["ttft"] for r in results], 0.5), "ttft_p99_s": pct([r["ttft"] for r in results], 0.99),
+        "itl_p50_s": pct([r["itl"] for r in results], 0.5), "itl_p99_s": pct([r["itl"] for r in results], 0.99),
+        "e2e_p50_s": pct([r["e2e"] for r in results], 0.5), "e2e_p99_s": pct([r["e2e"] for r in results], 0.99),
+        "accept_length_mean": statistics.mean(acc) if acc else None,
+    }
+
+
+def plot(rows: list[dict], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        rs = [r for r in rows if r["kind"] == kind]
+        c = [r["concurrency"] for r in rs]
+        axes[0].plot(c, [r["output_tok_s"] for r in rs], marker="o", label=kind)
+        axes[1].plot(c, [r["itl_p50_s"] * 1000 for r in rs], marker="o", label=kind)
+    for ax, title in zip(axes, ("output tokens/s", "ITL p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    p.add_argument("--draft", help="Domino drafter checkpoint (required for the domino kind)")
+    p.add_argument("--kinds", nargs="+", default=["baseline", "domino"], choices=["baseline", "domino", "ngram"])
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--mtbench", type=int, default=16, help="MT-Bench first turns to use")
+    p.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT prompts to use")
+    p.add_argument("--requests", type=int, default=0,
+                   help="requests per level (default: max(#prompts at 1..., 2 x concurrency) capped by prompts)")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--num-draft-tokens", type=int)
+    p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino server")
+    p.add_argument("--name", default=None)
+    p.add_argument("--server-args", default="", help="extra SGLang flags for every server (one string)")
+    args = p.parse_args(argv)
+    # SIGTERM must still run the `finally` that stops the server we started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    if "domino" in args.kinds and not args.draft:
+        p.error("--draft is required for the domino kind")
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompts = load_prompts(args.mtbench, args.sharegpt)
+    texts = [chat_text(tokenizer, q["text"]) for q in prompts]
+    sampling = {"temperature": args.temperature}
+    name = args.name or time.strftime("throughput-%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    def texts_for(c):
+        n = args.requests or min(len(texts), max(2 * c, 4))
+        return [texts[i % len(texts)] for i in range(n)]
+
+    total_reqs = len(args.kinds) * sum(len(texts_for(c)) for c in args.concurrency)
+    bar = tqdm(total=total_reqs, desc="requests", unit="req")
+    rows, servers_info = [], {}
+    for kind in args.kinds:
+        flags = preset_args(kind, device=device, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
+        flags += args.server_args.split()
+        env = {}
+        if kind == "domino" and args.max_draft_batch is not None:
+            env["SGLANG_DOMINO_MAX_DRAFT_BATCH"] = str(args.max_draft_batch)
+        log = RESULTS / f"{name}-{kind}.log"
+        server = Server(args.model, free_port(), flags, env=env, log_path=str(log))
+        bar.set_postfix_str(f"starting {kind}")
+        try:
+            server.start().wait_healthy(900)
+            one_request(server.url, texts[0], 8, sampling)  # warm-up
+            servers_info[kind] = {"command": server.command, "env": env}
+            for c in args.concurrency:
+                bar.set_postfix_str(f"{kind} c={c}")
+                row = {"kind": kind, **run_level(server.url, texts_for(c), c, args.output_len, sampling, bar)}
+                rows.append(row)
+                tqdm.write(f"{kind:8s} c={c:3d}  {row['output_tok_s']:8.2f} tok/s  ttft p50 {row['ttft_p50_s']:.2f}s  "
+                           f"itl p50 {row['itl_p50_s'] * 1000:.0f}ms  e2e p50/p99 {row['e2e_p50_s']:.1f}/"
+                           f"{row['e2e_p99_s']:.1f}s  accept {row['accept_length_mean']}")
+        except Exception as e:  # a kind that does not run (e.g. NGRAM on this CPU) is recorded, not fatal
+            tqdm.write(f"{kind}: FAILED: {e}")
+            servers_info[kind] = {"command": server.command, "error": str(e)[-2000:]}
+        finally:
+            server.stop()
+    bar.close()
+
+    info = run_info()
+    payload = {**info, "device": device, "model": args.model, "draft": args.draft, "output_len": args.output_len,
+               "sampling": sampling, "prompts": {"mtbench": args.mtbench, "sharegpt": args.sharegpt},
+               "servers": servers_info, "rows": rows}
+    json_path = RESULTS / f"{name}.json"
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    csv_path = RESULTS / f"{name}.csv"
+    with open(csv_path, "w", newline="") as f:
+        f.write(f"# command: {info['command']}\n# commit: {info['commit']}\n# machine: {json.dumps(info['machine'])}\n"
+                f"# date: {info['date']}\n")
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    png = plot(rows, RESULTS / f"{name}.png") if rows else None
+    print(json.dumps({"json": str(json_path), "csv": str(csv_path), "png": str(png) if png else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
