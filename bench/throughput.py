@@ -20,7 +20,6 @@ import argparse
 import concurrent.futures as cf
 import csv
 import json
-import os
 import signal
 import statistics
 import sys

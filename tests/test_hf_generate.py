@@ -5,7 +5,6 @@ distribution against the exact one computed from the target. The real-model chec
 ``test_smollm2.py``.
 """
 
-import itertools
 
 import pytest
 import torch

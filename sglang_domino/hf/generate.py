@@ -76,7 +76,6 @@ class _Sampler:
     """Turns target/draft logits into tokens with one generator, for greedy or sampled decoding."""
 
     def __init__(self, params: SamplingParams, vocab: int, device, seed: int):
-        self.params = params
         self.batch = None if params.greedy else BatchSampling.of([params], device)
         self.vocab, self.device = vocab, device
         self.gen = torch.Generator(device=device).manual_seed(seed)
@@ -180,7 +179,8 @@ def speculative_generate(
             p = sampling_probs(out.logits, sampler.batch)
             accept_len, bonus = dispatch.verify_sampled(draft, q, p, sampler.uniform(n), sampler.noise())
         a = int(accept_len)
-        cache.crop(-(n - a)) if n > a else None
+        if n > a:
+            cache.crop(a - n)  # drop the rejected drafts' KV
         feats = target_features(out.hidden_states, cfg.target_layer_ids)[:, : a + 1].to(lm_head.dtype)
         new_kv = drafter.context_kv(feats, torch.arange(pos, pos + a + 1, device=device)[None])
         ctx_kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new_kv)]
