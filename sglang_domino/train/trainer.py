@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..drafter import DominoDrafter, save_drafter
+from ..hf.target import load_target
 from ..models import init_drafter
 from .anchors import build_blocks, sample_anchors
 from .curriculum import (Frozen, block_logits, block_metrics, curriculum_loss, default_gamma, hit_metrics, lambda_at,
@@ -130,15 +131,6 @@ def _atomic_torch_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load_target(path: str, device: torch.device):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
 def build_drafter(cfg: TrainConfig, target) -> DominoDrafter:
     if cfg.init_from:
         from ..drafter import load_drafter
@@ -172,7 +164,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.target = load_target(cfg.target, self.device) if target is None else target.to(self.device).eval()
+        self.target = load_target(cfg.target, torch.float32, self.device)[0] if target is None else target.to(self.device).eval()
         for p in self.target.parameters():
             p.requires_grad_(False)
         if examples is None:
