@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from run_info import RESULTS, run_info  # noqa: E402
 
-from sglang_domino.serving.server import DEFAULT_MODEL, Server, free_port, preset_args  # noqa: E402
+from sglang_domino.serving.server import DEFAULT_MODEL, Server, free_port, preset_args, sse_events  # noqa: E402
 
 
 def load_prompts(n_mtbench: int, n_sharegpt: int) -> list[dict]:
@@ -58,13 +58,7 @@ def one_request(url: str, text: str, output_len: int, sampling: dict) -> dict:
     ttft, meta = None, {}
     with requests.post(url + "/generate", json=body, stream=True, timeout=3600) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
+        for chunk in sse_events(r):
             if ttft is None:
                 ttft = time.perf_counter() - t0
             meta = chunk.get("meta_info", meta)

@@ -23,7 +23,7 @@ import pytest
 import requests
 import torch
 
-from sglang_domino.serving.server import Server, free_port, preset_args
+from sglang_domino.serving.server import Server, free_port, preset_args, sse_events
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -123,13 +123,8 @@ def _openai(server, path, body, stream, text_of):
         d = r.json()
         return text_of(d["choices"][0]), d["choices"][0]["finish_reason"]
     text, finish = "", None
-    for line in r.iter_lines():
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            break
-        choice = json.loads(data)["choices"][0]
+    for event in sse_events(r):
+        choice = event["choices"][0]
         text += text_of(choice)
         finish = choice.get("finish_reason") or finish
     return text, finish

@@ -21,6 +21,17 @@ from pathlib import Path
 DEFAULT_MODEL = "models/SmolLM2-135M-Instruct"
 
 
+def sse_events(response):
+    """The JSON events of a streamed SGLang/OpenAI response (``data: {...}`` lines, up to ``[DONE]``)."""
+    for line in response.iter_lines():
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
