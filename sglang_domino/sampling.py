@@ -51,10 +51,6 @@ class BatchSampling:
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
         )
 
-    @property
-    def all_greedy(self) -> bool:
-        return bool((self.temperature == 0).all())
-
 
 def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Reshape [b] to broadcast against [b, ..., V]."""
