@@ -1,10 +1,14 @@
-"""Acceptance and speed of the Transformers backend: plain vs Domino vs backbone-only (DFlash).
+"""Acceptance and speed of the Transformers backend: plain vs Domino vs backbone-only vs a DFlash drafter.
 
-For each prompt (MT-Bench first turns, then a held-out ShareGPT slice) and each temperature, the three
+For each prompt (MT-Bench first turns, then a held-out ShareGPT slice) and each temperature, the
 decoders run back to back on the same prompt, so the ratios compare like with like on a noisy machine.
-Writes ``bench/results/<name>.json`` and a Markdown table beside it.
+Methods: ``plain`` (the target alone), ``domino`` (the drafter, backbone + head), ``backbone`` (the same
+drafter with the head switched off) and, with ``--baseline-drafter``, ``dflash`` (a drafter trained with
+lambda = 1, backbone only: the same-budget baseline). Writes ``bench/results/<name>.json`` and a
+Markdown table beside it.
 
     python bench/acceptance.py --drafter drafters/smollm2-domino-b16 --mtbench 20 --sharegpt 10
+    python bench/acceptance.py --drafter D --baseline-drafter B --methods plain domino dflash --temperatures 0
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from sglang_domino.models import DEFAULT_MODEL_DIR, init_drafter  # noqa: E402
 from sglang_domino.prompts import mtbench_first_turns, sharegpt_heldout  # noqa: E402
 from sglang_domino.sampling import SamplingParams  # noqa: E402
 
-METHODS = ("plain", "domino", "backbone")
+METHODS = ("plain", "domino", "backbone", "dflash")
 
 
-def run_method(method, target, drafter, ids, max_new, params, stops, seed, block):
+def run_method(method, target, drafters, ids, max_new, params, stops, seed, block):
     if method == "plain":
         return plain_generate(target, ids, max_new, params, stops, seed=seed)
+    drafter = drafters["baseline" if method == "dflash" else "main"]
     return speculative_generate(target, drafter, ids, max_new, params, stops, seed=seed,
                                 use_head=method == "domino", block_size=block)
 
@@ -71,6 +76,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
     ap.add_argument("--drafter", help="drafter checkpoint; default: a random (untrained) drafter")
+    ap.add_argument("--baseline-drafter", help="a DFlash-trained drafter (lambda = 1) for the dflash method")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--mtbench", type=int, default=20, help="MT-Bench first turns to use (of 80)")
     ap.add_argument("--sharegpt", type=int, default=10, help="held-out ShareGPT prompts")
@@ -78,7 +84,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     ap.add_argument("--block-size", type=int, help="verify block (default: the drafter's)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=None, choices=METHODS,
+                    help="default: plain domino backbone, and dflash when --baseline-drafter is given")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="acceptance", help="result file name under bench/results/")
     args = ap.parse_args(argv)
@@ -90,6 +97,12 @@ def main(argv=None) -> None:
         drafter, drafter_name = load_drafter(args.drafter, target.config, dtype=dtype), args.drafter
     else:
         drafter, drafter_name = init_drafter(target.config).to(dtype), "random (untrained)"
+    drafters = {"main": drafter}
+    if args.baseline_drafter:
+        drafters["baseline"] = load_drafter(args.baseline_drafter, target.config, dtype=dtype)
+    methods = args.methods or [m for m in METHODS if m != "dflash" or args.baseline_drafter]
+    if "dflash" in methods and not args.baseline_drafter:
+        ap.error("the dflash method needs --baseline-drafter")
     stops = stop_token_ids(target, tokenizer)
     datasets = {"mtbench": mtbench_first_turns(args.mtbench),
                 "sharegpt": sharegpt_heldout(args.sharegpt, args.exclude_data) if args.sharegpt else []}
@@ -99,8 +112,8 @@ def main(argv=None) -> None:
     for dataset, temp, i, prompt in tqdm(jobs, desc="prompts", unit="prompt"):
         ids = chat_input_ids(tokenizer, prompt)
         params = SamplingParams(temperature=temp, top_p=0.95 if temp else 1.0)
-        for method in args.methods:
-            out = run_method(method, target, drafter, ids, args.max_new_tokens, params, stops, i, args.block_size)
+        for method in methods:
+            out = run_method(method, target, drafters, ids, args.max_new_tokens, params, stops, i, args.block_size)
             cells[(dataset, temp, method)].append(out.stats)
 
     rows = []
@@ -113,13 +126,19 @@ def main(argv=None) -> None:
     head_share = {f"{r['dataset']}@T={r['temperature']}": round(r["ms_per_step_head"] / r["ms_per_step_backbone"], 3)
                   for r in domino}
     md = table(rows)
-    payload = {"target": args.model, "drafter": drafter_name, "dtype": args.dtype,
-               "block_size": args.block_size or drafter.config.block_size, "max_new_tokens": args.max_new_tokens,
-               "head_cost_over_backbone": head_share, "results": rows, "table": md}
+    by_cell = {(r["dataset"], r["temperature"], r["method"]): r for r in rows}
+    tau_over_dflash = {f"{d}@T={t}": round(r["tau"] / by_cell[(d, t, "dflash")]["tau"], 3)
+                       for (d, t, m), r in by_cell.items() if m == "domino" and (d, t, "dflash") in by_cell}
+    payload = {"target": args.model, "drafter": drafter_name, "baseline_drafter": args.baseline_drafter,
+               "dtype": args.dtype, "block_size": args.block_size or drafter.config.block_size,
+               "max_new_tokens": args.max_new_tokens, "head_cost_over_backbone": head_share,
+               "domino_tau_over_dflash_tau": tau_over_dflash, "results": rows, "table": md}
     path = write_result(args.name, payload)
     path.with_suffix(".md").write_text(md + "\n")
     print(md)
     print(f"head cost / backbone cost per draft step: {head_share}")
+    if tau_over_dflash:
+        print(f"Domino tau / DFlash tau: {tau_over_dflash}")
     print(f"wrote {path}")
 
 

@@ -128,7 +128,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
     p.add_argument("--draft", help="Domino drafter checkpoint (required for the domino kind)")
-    p.add_argument("--kinds", nargs="+", default=["baseline", "domino"], choices=["baseline", "domino", "ngram"])
+    p.add_argument("--kinds", nargs="+", default=["baseline", "domino"],
+                   choices=["baseline", "domino", "domino-always", "ngram"],
+                   help="domino: the default (adaptive) draft policy; domino-always: draft at every step")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--mtbench", type=int, default=16, help="MT-Bench first turns to use")
     p.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT prompts to use")
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--num-draft-tokens", type=int)
-    p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino server")
+    p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers")
     p.add_argument("--name", default=None)
     p.add_argument("--server-args", default="", help="extra SGLang flags for every server (one string)")
     args = p.parse_args(argv)
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    if "domino" in args.kinds and not args.draft:
+    if any(k.startswith("domino") for k in args.kinds) and not args.draft:
         p.error("--draft is required for the domino kind")
     device = args.device
     if device == "auto":
@@ -170,11 +172,14 @@ def main(argv=None) -> int:
     bar = tqdm(total=total_reqs, desc="requests", unit="req")
     rows, servers_info = [], {}
     for kind in args.kinds:
-        flags = preset_args(kind, device=device, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
+        preset = "domino" if kind.startswith("domino") else kind
+        flags = preset_args(preset, device=device, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
         flags += args.server_args.split()
         env = {}
-        if kind == "domino" and args.max_draft_batch is not None:
-            env["SGLANG_DOMINO_MAX_DRAFT_BATCH"] = str(args.max_draft_batch)
+        if preset == "domino":
+            env["SGLANG_DOMINO_DRAFT_POLICY"] = "always" if kind == "domino-always" else "adaptive"
+            if args.max_draft_batch is not None:
+                env["SGLANG_DOMINO_MAX_DRAFT_BATCH"] = str(args.max_draft_batch)
         log = RESULTS / f"{name}-{kind}.log"
         server = Server(args.model, free_port(), flags, env=env, log_path=str(log))
         bar.set_postfix_str(f"starting {kind}")

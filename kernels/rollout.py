@@ -20,7 +20,7 @@ weight is read once per step whatever the batch); vocabulary-wide results are co
 
 Greedy step: hidden, logits, row_reduce, gates, gru; the [b, V] logits never reach memory. Temperature
 sampling adds row_reduce (softmax statistics) and sample before the row_reduce that draws. With top-k /
-top-p the logits are written to ``q`` and turned into probabilities by the torch ``sampling_probs`` in
+top-p the logits are written to ``q`` and turned into probabilities by the torch ``draft_probs`` in
 place of the statistics pass (the rest stays fused). Partial sums are added in a fixed order, so results
 are deterministic. A persistent kernel over the block would need a grid-wide barrier between steps (each
 step needs the previous token, an argmax over the whole vocabulary), so the steps are separate
@@ -44,7 +44,7 @@ import triton.language as tl
 
 from sglang_domino.drafter import HeadWeights
 from sglang_domino.rollout import rollout as rollout_reference  # noqa: F401  (the spec)
-from sglang_domino.sampling import BatchSampling, sampling_probs
+from sglang_domino.sampling import BatchSampling, draft_probs
 
 F32_DOT = os.environ.get("SGLANG_DOMINO_F32_DOT", "tf32x3")
 
@@ -481,7 +481,7 @@ def rollout(
             row_reduce(part_val, part_idx, tokens[:, i], False)  # y = argmax
         else:
             if torch_probs:
-                q[:, i] = sampling_probs(q[:, i], sampling)
+                q[:, i] = draft_probs(q[:, i], sampling)
             else:
                 row_reduce(part_val, part_idx, top, True)  # softmax max / sum, and argmax for T = 0 rows
             _sample_kernel[vgrid](

@@ -53,6 +53,8 @@ def start(args, extra: list[str]) -> int:
     env = {}
     if args.max_draft_batch is not None:
         env["SGLANG_DOMINO_MAX_DRAFT_BATCH"] = str(args.max_draft_batch)
+    if args.draft_policy is not None:
+        env["SGLANG_DOMINO_DRAFT_POLICY"] = args.draft_policy
     server = Server(str(args.model), args.port, flags, env=env, log_path=log, host=args.host)
     server.start()
     _state(args.port).write_text(json.dumps({"pid": server.proc.pid, "kind": args.kind, "command": server.command,
@@ -118,8 +120,10 @@ def main(argv=None) -> int:
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     s.add_argument("--draft", help="Domino drafter checkpoint folder (domino)")
     s.add_argument("--num-draft-tokens", type=int, help="verify chain length incl. the bonus token")
+    s.add_argument("--draft-policy", choices=["adaptive", "always"],
+                   help="adaptive (default): per batch size, draft only where it measures faster than plain steps")
     s.add_argument("--max-draft-batch", type=int,
-                   help="turn drafting off above this decode batch size (0 = never; default 4 on CPU, 0 on GPU)")
+                   help="never draft above this decode batch size (default 0 = no cap)")
     s.add_argument("--max-total-tokens", type=int)
     s.add_argument("--dtype")
     s.add_argument("--log")

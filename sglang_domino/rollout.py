@@ -7,7 +7,7 @@ Given the backbone outputs ``z_0 .. z_{n-1}`` (n = B - 1 proposals; with ``shift
     for i in 0 .. n-1:
         logits_i = base_i                                   if i < pure_draft_prefix_len
                  = base_i + embed_proj([z_i ; s])           otherwise
-        y_{i+1} = argmax(logits_i)    or    y_{i+1} ~ q_i = sampling_probs(logits_i)
+        y_{i+1} = argmax(logits_i)    or    y_{i+1} ~ q_i = draft_probs(logits_i)
         s = GRUCell(E[y_{i+1}], s)
 
 so the state that corrects proposal i has read ``[bonus, y_1 .. y_i]``. ``kernels/rollout.py`` fuses the
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .drafter import HeadWeights
-from .sampling import BatchSampling, sample_from, sampling_probs
+from .sampling import BatchSampling, draft_probs, sample_from
 
 
 def gru_cell(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
@@ -119,7 +119,7 @@ def rollout(
             if sampling is None:
                 y = logits.argmax(-1)
             else:
-                q[:, i] = sampling_probs(logits, sampling)
+                q[:, i] = draft_probs(logits, sampling)
                 y = sample_from(q[:, i], exponential[:, i])
         tokens[:, i] = y
         if head is not None and i + 1 < n:

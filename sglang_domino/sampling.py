@@ -2,8 +2,8 @@
 
 ``sampling_probs`` applies temperature, then top-k, then top-p (nucleus) exactly as Hugging Face's
 logits warpers do in ``generate(do_sample=True)``; temperature 0 means greedy (a one-hot at the argmax,
-first index on ties, like ``torch.argmax``). Target and draft distributions both come from here, so
-speculative sampling reproduces plain sampling.
+first index on ties, like ``torch.argmax``). The target's distribution p comes from here; the draft's q
+(``draft_probs``) applies the same rule to a candidate set, which speculative sampling allows.
 
 Randomness enters only through tensors the caller passes (``uniform`` and ``exponential`` noise), so a
 torch reference and a Triton kernel given the same numbers draw the same tokens.
@@ -85,6 +85,31 @@ def sampling_probs(logits: torch.Tensor, params: BatchSampling) -> torch.Tensor:
     probs = scaled.softmax(-1)
     onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     return torch.where(greedy, onehot, probs)
+
+
+DRAFT_CANDIDATES = 128
+
+
+def draft_probs(logits: torch.Tensor, params: BatchSampling, candidates: int | None = None) -> torch.Tensor:
+    """The draft distribution q: the target's rule (``sampling_probs``) applied to the ``candidates``
+    (default ``DRAFT_CANDIDATES``) largest logits only, for rows with top-k or top-p. logits [b, ..., V] -> float32 [b, ..., V].
+
+    Speculative sampling is exact for any q (a draft y is kept with probability min(1, p(y)/q(y)), a
+    rejection resamples from max(p - q, 0)), so q need not be the target's warped distribution: this one
+    sorts ``candidates`` values instead of the whole vocabulary at every draft step and is close to it
+    whenever the nucleus fits in the candidates. Greedy rows and rows with neither top-k nor top-p get
+    exactly ``sampling_probs`` (no sort either way).
+    """
+    vocab = logits.shape[-1]
+    candidates = DRAFT_CANDIDATES if candidates is None else candidates
+    truncating = (params.temperature > 0) & ((params.top_k > 0) | (params.top_p < 1))
+    if candidates >= vocab or not bool(truncating.any()):
+        return sampling_probs(logits, params)
+    plain = BatchSampling(params.temperature, torch.zeros_like(params.top_k), torch.ones_like(params.top_p))
+    full = sampling_probs(logits, plain)
+    values, index = logits.float().topk(candidates, dim=-1)
+    restricted = torch.zeros_like(full).scatter_(-1, index, sampling_probs(values, params))
+    return torch.where(_per_row(truncating, full), restricted, full)
 
 
 def sample_from(probs: torch.Tensor, exponential: torch.Tensor) -> torch.Tensor:

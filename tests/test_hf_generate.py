@@ -14,6 +14,7 @@ from sglang_domino.hf import generate as gen
 from sglang_domino.hf.generate import plain_generate, speculative_generate
 from sglang_domino.kernels import dispatch
 from sglang_domino.models import init_drafter, tiny_target
+from sglang_domino import sampling
 from sglang_domino.sampling import BatchSampling, SamplingParams, sampling_probs
 
 torch.set_num_threads(2)
@@ -106,9 +107,14 @@ def _exact_prefix_distribution(target, ids, params, length):
     return dist
 
 
-@pytest.mark.parametrize("params", [SamplingParams(0.9, 0, 1.0), SamplingParams(1.0, 6, 0.8)])
-def test_sampling_is_lossless(params):
-    """Chi-square on the joint distribution of the first 3 tokens (2 of which come from speculation)."""
+@pytest.mark.parametrize("params,candidates", [(SamplingParams(0.9, 0, 1.0), None), (SamplingParams(1.0, 6, 0.8), None),
+                                               (SamplingParams(1.0, 6, 0.8), 3)])
+def test_sampling_is_lossless(params, candidates, monkeypatch):
+    """Chi-square on the joint distribution of the first 3 tokens (2 of which come from speculation).
+    candidates=3: the draft q keeps only 3 tokens (``draft_probs``), narrower than the target's top-k 6 /
+    top-p 0.8, so rejections must resample the rest from max(p - q, 0)."""
+    if candidates is not None:
+        monkeypatch.setattr(sampling, "DRAFT_CANDIDATES", candidates)
     target = tiny_target("llama", vocab_size=16, hidden_size=32, num_layers=4, seed=3)
     with torch.no_grad():  # a peaky target, so that drafts are often accepted
         target.lm_head.weight.mul_(4)

@@ -41,7 +41,7 @@ else:
     os.environ["TRITON_INTERPRET"] = _saved_env
 from sglang_domino.rollout import correction, gru_cell  # noqa: E402
 from sglang_domino.rollout import rollout as rollout_ref  # noqa: E402
-from sglang_domino.sampling import BatchSampling, SamplingParams, sample_from, sampling_probs  # noqa: E402
+from sglang_domino.sampling import BatchSampling, SamplingParams, draft_probs, sample_from  # noqa: E402
 from sglang_domino.verify import verify_greedy, verify_sampled  # noqa: E402
 
 torch.set_num_threads(2)
@@ -187,7 +187,7 @@ def _assert_probs_close(q, q_ref, dtype):
 
 
 def _check_sampled(case, tok, q, ref, sampling, noise, pure_prefix_len):
-    q_tf = sampling_probs(_teacher_forced_logits(case, tok, pure_prefix_len), sampling)
+    q_tf = draft_probs(_teacher_forced_logits(case, tok, pure_prefix_len), sampling)
     _assert_probs_close(q, q_tf, case["z"].dtype)
     rel_tol = 1e-4 if case["z"].dtype == torch.float32 else 5e-2  # see _assert_probs_close
     _assert_chain(tok, ref, q_tf / noise.clamp_min(1e-20), rel_tol, floor=0.0)

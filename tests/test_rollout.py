@@ -11,7 +11,8 @@ from transformers.generation.logits_process import (
 from sglang_domino.config import DominoConfig
 from sglang_domino.drafter import DominoDrafter
 from sglang_domino.rollout import rollout
-from sglang_domino.sampling import BatchSampling, SamplingParams, exponential_like, sample_from, sampling_probs
+from sglang_domino.sampling import (BatchSampling, SamplingParams, draft_probs, exponential_like, sample_from,
+                                    sampling_probs)
 
 torch.set_num_threads(2)
 
@@ -78,7 +79,7 @@ def test_sampled_rollout_matches_naive_and_returns_q():
     qs = torch.zeros(b, n, 50)
 
     def choose(r, i, logits):
-        qs[r, i] = sampling_probs(logits[None], BatchSampling.of([params[r]]))[0]
+        qs[r, i] = draft_probs(logits[None], BatchSampling.of([params[r]]))[0]
         return int(sample_from(qs[r, i], noise[r, i]))
 
     with torch.no_grad():
@@ -142,3 +143,20 @@ def test_pooled_argmax_fallback_and_ties():
     tie_base, zero_h = torch.zeros(1, 300), torch.zeros(1, 8)
     tie_base[0, [7, 3, 200]] = 5.0  # equal scores: the smallest index wins, as with torch.argmax
     assert int(pooled_argmax(tie_base, zero_h, w2, w2.norm(dim=-1), 16)) == 3
+
+
+def test_draft_probs_restricts_truncating_rows_only():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 3, 300, generator=g) * 3
+    params = BatchSampling.of([SamplingParams(0.0), SamplingParams(0.8), SamplingParams(0.8, 50, 1.0),
+                               SamplingParams(1.0, 0, 0.9)])
+    q, p = draft_probs(logits, params, candidates=20), sampling_probs(logits, params)
+    assert torch.equal(q[:2], p[:2])  # greedy and temperature-only rows: exactly the target's rule
+    top = logits[2:].topk(20, dim=-1).indices
+    assert torch.allclose(q[2:].sum(-1), torch.ones(2, 3))
+    outside = torch.ones_like(q[2:], dtype=torch.bool).scatter_(-1, top, False)
+    assert bool((q[2:][outside] == 0).all())  # support within the candidates
+    # where the target's nucleus fits in the candidates, q is the target's distribution
+    peaked = logits.clone()
+    peaked[..., :5] += 30
+    torch.testing.assert_close(draft_probs(peaked, params, candidates=20), sampling_probs(peaked, params))

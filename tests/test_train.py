@@ -219,6 +219,43 @@ def test_features_are_layer_outputs_and_cached(target, tmp_path):
     assert torch.equal(again([ids])[0], f)
 
 
+@torch.no_grad()
+def test_loss_vocab_is_a_column_subset(target):
+    """Restricting the softmax to the data's tokens gives exactly those columns of the full logits."""
+    drafter = random_head_drafter(target, seed=4)
+    seqs = [e["input_ids"].long() for e in make_examples(2, length=30)]
+    vocab = torch.unique(torch.cat(seqs))
+    full, sub = Frozen.from_target(target), Frozen.from_target(target, vocab[torch.randperm(len(vocab))])
+    assert torch.equal(sub.vocab, vocab) and sub.full().vocab is None
+    batch = build_blocks(seqs, [torch.tensor([10, 20]), torch.tensor([12])], 8, drafter.config.mask_token_id)
+    feats = _pad(_features(target, seqs, drafter.config.target_layer_ids))
+    base_f, final_f = block_logits(drafter, full, batch, feats)
+    base_s, final_s = block_logits(drafter, sub, batch, feats)
+    torch.testing.assert_close(base_s, base_f[..., vocab])
+    torch.testing.assert_close(final_s, final_f[..., vocab])
+    labels = sub.to_loss_vocab(batch.labels)
+    valid = batch.labels != IGNORE
+    assert torch.equal(vocab[labels[valid]], batch.labels[valid]) and bool((labels[~valid] == IGNORE).all())
+    outside = torch.tensor([[int(vocab.max()) + 1]])
+    if outside.item() < V:
+        with pytest.raises(ValueError, match="outside the loss vocabulary"):
+            sub.to_loss_vocab(outside)
+
+
+def test_features_precomputed_once_and_shared(target, tmp_path, monkeypatch):
+    exs = make_examples(12)
+    shared = tmp_path / "features"
+    first = Trainer(small_cfg(tmp_path / "a", features_dir=str(shared), stop_after_steps=0), target=target,
+                    examples=exs)
+    first.run()
+    assert len(list(shared.glob("*.pt"))) == len({tuple(e["input_ids"].tolist()) for e in exs})  # one per sequence
+    assert not (tmp_path / "a" / "run" / "features").exists()
+    second = Trainer(small_cfg(tmp_path / "b", features_dir=str(shared), max_steps=2), target=target, examples=exs)
+    monkeypatch.setattr(FeatureExtractor, "compute", lambda *a, **k: pytest.fail("features recomputed"))
+    second.run()
+    assert second.step == 2
+
+
 # -- training --------------------------------------------------------------------------------------
 def test_short_run_lowers_loss(target, tmp_path):
     exs = make_examples(40, length=40)
@@ -237,12 +274,15 @@ def test_short_run_lowers_loss(target, tmp_path):
 
 def test_resume_is_exact(target, tmp_path):
     exs = make_examples(24)
-    full = Trainer(small_cfg(tmp_path / "a", max_steps=10), target=target, examples=exs)
+    # loss_vocab="data" (softmax over the data's tokens) here; the other trainer tests use the full vocabulary
+    full = Trainer(small_cfg(tmp_path / "a", max_steps=10, loss_vocab="data"), target=target, examples=exs)
+    assert full.frozen.vocab is not None
     full.run()
-    part = Trainer(small_cfg(tmp_path / "b", max_steps=10, stop_after_steps=4), target=target, examples=exs)
+    part = Trainer(small_cfg(tmp_path / "b", max_steps=10, stop_after_steps=4, loss_vocab="data"), target=target,
+                   examples=exs)
     part.run()
     assert part.step == 4
-    rest = Trainer(small_cfg(tmp_path / "b", max_steps=10), target=target, examples=exs)
+    rest = Trainer(small_cfg(tmp_path / "b", max_steps=10, loss_vocab="data"), target=target, examples=exs)
     assert rest.step == 4
     rest.run()
     a, b = full.drafter.state_dict(), rest.drafter.state_dict()

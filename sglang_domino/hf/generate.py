@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..drafter import DominoDrafter
+from ..drafter import DominoDrafter, vocab_logits
 from ..kernels import dispatch
 from ..sampling import BatchSampling, SamplingParams, exponential_like, sample_from, sampling_probs
 
@@ -164,7 +164,7 @@ def speculative_generate(
         block_ids = torch.cat([bonus[:, None], mask_ids], 1)
         block_pos = torch.arange(pos, pos + cfg.block_size, device=device)[None]
         z = drafter.backbone(embed[block_ids], block_pos, ctx_kv)[:, :n]
-        base = z @ lm_head.t()
+        base = vocab_logits(z, lm_head)
         t1 = time.perf_counter()
         noise = sampler.noise(n) if sampler.batch is not None else None
         draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch, noise,

@@ -8,13 +8,11 @@ import os
 import torch
 
 from ..config import CheckpointError, DominoConfig
+from .policy import PolicyError, max_draft_batch_from_env, policy_from_env
 
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "DOMINO"
-# Speculation is switched off (plain one-token verify steps) when a decode batch has more requests
-# than this; see DominoWorker. 0 = never switch off.
-MAX_DRAFT_BATCH_ENV = "SGLANG_DOMINO_MAX_DRAFT_BATCH"
 
 
 class DominoArgumentError(ValueError):
@@ -23,19 +21,6 @@ class DominoArgumentError(ValueError):
 
 def _is_cpu(cfg) -> bool:
     return getattr(cfg, "device", None) == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE", "") in ("1", "true")
-
-
-def max_draft_batch(default_cpu: int = 4, default_gpu: int = 0) -> int:
-    raw = os.environ.get(MAX_DRAFT_BATCH_ENV)
-    if raw is None or raw.strip() == "":
-        return default_cpu if os.environ.get("SGLANG_USE_CPU_ENGINE", "") in ("1", "true") else default_gpu
-    try:
-        value = int(raw)
-    except ValueError as e:
-        raise DominoArgumentError(f"{MAX_DRAFT_BATCH_ENV}={raw!r}: expected an integer (0 = no limit)") from e
-    if value < 0:
-        raise DominoArgumentError(f"{MAX_DRAFT_BATCH_ENV}={value}: must be >= 0 (0 = no limit)")
-    return value
 
 
 def _target_text_config(model_path: str, trust_remote_code: bool = False):
@@ -109,7 +94,11 @@ def validate_server_args(server_args) -> None:
         raise DominoArgumentError(
             f"--speculative-num-draft-tokens {n}: must be in [2, {dcfg.block_size}] for this drafter "
             f"(its block size is {dcfg.block_size}; the verify chain is [bonus, {dcfg.block_size - 1} drafts])")
-    max_draft_batch()
+    try:  # the draft policy's environment variables (see policy.py)
+        policy_from_env()
+        max_draft_batch_from_env()
+    except PolicyError as e:
+        raise DominoArgumentError(str(e)) from e
 
 
 def handle_server_args(server_args) -> None:

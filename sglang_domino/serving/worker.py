@@ -22,19 +22,19 @@ whenever the target rewrites that slot).
 from __future__ import annotations
 
 import logging
+import time
 from typing import List, Optional
 
 import torch
 
-from ..drafter import load_drafter
-from .args import max_draft_batch
+from ..drafter import load_drafter, vocab_logits
+from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton on CUDA, torch reference on CPU
+from .policy import DraftPolicy
 from .sampling import draft_batch_sampling, sglang_probs
 
-try:  # Triton on CUDA, torch reference on CPU (same signatures as the core).
-    from ..kernels.dispatch import rollout, verify_greedy, verify_sampled
-except ImportError:  # pragma: no cover - until kernels/dispatch.py lands
-    from ..rollout import rollout
-    from ..verify import verify_greedy, verify_sampled
+# Greedy proposals on the reference path score the correction over an exact candidate pool of this size
+# (rollout.pooled_argmax: same tokens as the full vocabulary, far less of embed_proj's output layer read).
+POOL_SIZE = 256
 
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -99,13 +99,13 @@ class DominoWorker(BaseSpecWorker):
 
         self.block_size = int(self.cfg.block_size)
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens or self.block_size)
-        self.max_draft_batch = max_draft_batch()
+        self.policy = DraftPolicy.from_env()
         self.k_pool = self.v_pool = None
         self.steps = 0
         logger.info(
             "DOMINO worker: drafter %s (%d layers, block %d, %d drafts/step, context layers %s), "
-            "drafting off above batch size %s", path, self.cfg.num_hidden_layers, self.block_size,
-            self.num_draft_tokens - 1, self.cfg.target_layer_ids, self.max_draft_batch or "inf")
+            "draft policy %s", path, self.cfg.num_hidden_layers, self.block_size,
+            self.num_draft_tokens - 1, self.cfg.target_layer_ids, self.policy.describe())
 
     # -- SGLang worker protocol ---------------------------------------------------------------------
     @property
@@ -186,9 +186,10 @@ class DominoWorker(BaseSpecWorker):
         block_ids[:, 0] = bonus
         positions = seq_lens[:, None] + torch.arange(self.block_size, device=self.device)
         z = self.drafter.backbone(self.embed[block_ids], positions, ctx, ctx_mask)[:, :n]
-        base = z @ self.lm_head.t()
+        base = vocab_logits(z, self.lm_head)
         if all_greedy:
-            tokens, _ = rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len)
+            tokens, _ = rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len,
+                                pool_size=POOL_SIZE)
             return tokens, None
         noise = torch.empty(bs, n, self.vocab_size, device=self.device).exponential_()
         return rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len,
@@ -204,7 +205,8 @@ class DominoWorker(BaseSpecWorker):
         bonus = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.long, device=device)
         sampling_info = batch.sampling_info
         all_greedy = sampling_info is None or sampling_info.is_all_greedy
-        drafting = self.max_draft_batch == 0 or bs <= self.max_draft_batch
+        t_start = time.perf_counter()
+        drafting = self.policy.should_draft(bs)
         n = self.num_draft_tokens - 1 if drafting else 0
         width = n + 1
 
@@ -267,7 +269,10 @@ class DominoWorker(BaseSpecWorker):
             compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
         if on_publish is not None:
             on_publish(new_seq_lens)
+        self.policy.record(bs, drafting, int(commit.sum()), time.perf_counter() - t_start)
         self.steps += 1
+        if self.steps % 2000 == 0:
+            logger.info("DOMINO draft policy: %s", self.policy.describe())
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),

@@ -34,12 +34,14 @@ class FeatureExtractor:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self._memory: dict[str, torch.Tensor] = {}
 
     def _key(self, ids: torch.Tensor) -> str:
         h = hashlib.sha1(ids.to(torch.int32).numpy().tobytes())
         h.update(repr((self.layer_ids, str(self.compute_dtype))).encode())
         return h.hexdigest()[:24]
+
+    def cached(self, ids: torch.Tensor) -> bool:
+        return self.cache_dir is not None and (self.cache_dir / f"{self._key(ids)}.pt").exists()
 
     @torch.no_grad()
     def compute(self, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -63,9 +65,7 @@ class FeatureExtractor:
         result: list[torch.Tensor | None] = [None] * len(seqs)
         missing = []
         for i, k in enumerate(keys):
-            if k in self._memory:
-                result[i] = self._memory[k]
-            elif self.cache_dir is not None and (self.cache_dir / f"{k}.pt").exists():
+            if self.cache_dir is not None and (self.cache_dir / f"{k}.pt").exists():
                 result[i] = torch.load(self.cache_dir / f"{k}.pt", weights_only=True)
             else:
                 missing.append(i)

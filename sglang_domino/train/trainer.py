@@ -54,6 +54,7 @@ class TrainConfig:
     gamma: float | None = None
     decay_ratio: float = 0.5
     lambda_const: float | None = None
+    loss_vocab: str = "full"  # "full": softmax over all V; "data": over the tokens of the training data
     # optimisation
     epochs: float = 4.0
     max_steps: int | None = None
@@ -70,8 +71,9 @@ class TrainConfig:
     # runtime
     device: str = "auto"
     dtype: str = "auto"
-    feature_dtype: str = "bfloat16"
+    feature_dtype: str = "auto"  # target compute dtype for features (stored as bf16 either way)
     cache_features: bool = True
+    features_dir: str | None = None  # default: run_dir/features; runs with the same target layers can share one
     log_every: int = 10
     eval_every: int = 100
     ckpt_every: int = 50
@@ -185,11 +187,17 @@ class Trainer:
         self.block_size = dcfg.block_size
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(self.block_size)
         self.weights = position_weights(self.block_size, self.gamma, self.device)
-        self.frozen = Frozen.from_target(self.target)
-        fdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.feature_dtype]
+        vocab = None
+        if cfg.loss_vocab == "data":
+            vocab = torch.unique(torch.cat([e["input_ids"] for e in self.train_set]).long())
+        elif cfg.loss_vocab != "full":
+            raise ValueError(f"loss_vocab={cfg.loss_vocab!r}: expected 'data' or 'full'")
+        self.frozen = Frozen.from_target(self.target, vocab)
+        self.feature_dtype = resolve_dtype(cfg.feature_dtype, self.device)
         self.features = FeatureExtractor(self.target, dcfg.target_layer_ids,
-                                         cache_dir=self.run_dir / "features" if cfg.cache_features else None,
-                                         compute_dtype=fdtype)
+                                         cache_dir=(cfg.features_dir or self.run_dir / "features")
+                                         if cfg.cache_features else None,
+                                         compute_dtype=self.feature_dtype)
         self.steps_per_epoch = math.ceil(len(self.train_set) / cfg.batch_seqs)
         self.total_steps = cfg.max_steps or max(1, int(round(cfg.epochs * self.steps_per_epoch)))
         self.warmup_steps = int(round(cfg.warmup_ratio * self.total_steps))
@@ -218,7 +226,7 @@ class Trainer:
                                   _seeded(self.cfg.seed, epoch, i)) for e, i in zip(exs, idx)]
         return exs, anchors
 
-    def _forward(self, exs, anchors, with_head: bool):
+    def _forward(self, exs, anchors, with_head: bool, frozen: Frozen):
         seqs = [e["input_ids"] for e in exs]
         feats = self.features(seqs)
         T = max(f.shape[0] for f in feats)
@@ -229,8 +237,18 @@ class Trainer:
         padded = padded.to(self.device)
         autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         with autocast:
-            base, final = block_logits(self.drafter, self.frozen, batch, padded, with_head=with_head)
+            base, final = block_logits(self.drafter, frozen, batch, padded, with_head=with_head)
         return base, final, batch
+
+    def precompute_features(self) -> None:
+        """Fill the feature cache for every example up front (one target forward each), with a progress bar."""
+        from tqdm import tqdm
+
+        examples = self.train_set + self.val
+        missing = [e["input_ids"] for e in examples if not self.features.cached(e["input_ids"])]
+        for ids in tqdm(missing, desc="target features", disable=not self.cfg.progress or not missing,
+                        dynamic_ncols=True):
+            self.features([ids])
 
     # -- loop ---------------------------------------------------------------------------------------
     def lam(self, step: int) -> float:
@@ -241,8 +259,9 @@ class Trainer:
         lam = self.lam(self.step)
         exs, anchors = self.batch_for_step(self.step)
         with_head = lam < 1.0
-        base, final, batch = self._forward(exs, anchors, with_head)
-        loss, stats = curriculum_loss(base, final, batch.labels, self.weights, lam)
+        base, final, batch = self._forward(exs, anchors, with_head, self.frozen)
+        labels = self.frozen.to_loss_vocab(batch.labels)
+        loss, stats = curriculum_loss(base, final, labels, self.weights, lam)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
@@ -250,16 +269,17 @@ class Trainer:
         self.scheduler.step()
         # Metrics of what the loss saw: the final logits once lambda < 1, the base logits while lambda = 1.
         c_final, c_base = stats.pop("correct_final", None), stats.pop("correct_base", None)
-        m = hit_metrics(c_final if c_final is not None else c_base, batch.labels)
+        m = hit_metrics(c_final if c_final is not None else c_base, labels)
         if c_base is not None and c_final is not None:
-            m["acc_base"] = hit_metrics(c_base, batch.labels)["acc"]
+            m["acc_base"] = hit_metrics(c_base, labels)["acc"]
         self.step += 1
         return {"step": self.step, "loss": float(loss.detach()), "lambda": lam,
                 "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": float(gnorm), **stats, **m}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Validation: fixed anchors; final-logit metrics (the head, as used at inference) and base-only."""
+        """Validation over the full vocabulary: fixed anchors; final-logit metrics (the head, as used at
+        inference) and base-only."""
         if not self.val:
             return {}
         self.drafter.eval()
@@ -270,7 +290,7 @@ class Trainer:
             exs = self.val[k:k + self.cfg.batch_seqs]
             anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), self.cfg.anchors_per_seq,
                                       _seeded(self.cfg.seed, 10 ** 6, k + j)) for j, e in enumerate(exs)]
-            base, final, batch = self._forward(exs, anchors, with_head=True)
+            base, final, batch = self._forward(exs, anchors, True, self.frozen.full())
             mf, mb = block_metrics(final, batch.labels), block_metrics(base, batch.labels)
             r = mf["n_rows"]
             tot["ce_final"] += float(weighted_ce(final, batch.labels, self.weights)) * r
@@ -308,6 +328,8 @@ class Trainer:
                        "val_examples": len(self.val), "total_steps": self.total_steps,
                        "steps_per_epoch": self.steps_per_epoch, "gamma": self.gamma,
                        "drafter_params": sum(p.numel() for p in self.drafter.parameters())})
+        if self.cfg.cache_features:
+            self.precompute_features()
         bar = tqdm(total=end, initial=self.step, desc="train", disable=not cfg.progress, dynamic_ncols=True)
         last_ckpt = time.time()
         t0 = time.time()
@@ -411,7 +433,15 @@ class Trainer:
             if cfg.lambda_const == 1.0 else "Domino (base-anchored curriculum)"
         lam = f"constant {cfg.lambda_const}" if cfg.lambda_const is not None else \
             f"1 -> 0 linearly over the first {cfg.decay_ratio:g} of the steps"
-        status = "complete" if self.step >= self.total_steps else "PARTIAL (training in progress or interrupted)"
+        loss_vocab = "the full vocabulary" if self.frozen.vocab is None else \
+            f"the {len(self.frozen.vocab)} tokens of the training data (validation: full vocabulary)"
+        if self.step >= self.total_steps:
+            status = "complete"
+        elif cfg.stop_after_steps is not None and self.step >= cfg.stop_after_steps:
+            status = (f"stopped by --stop-after-steps {cfg.stop_after_steps} (lambda and learning rate follow the "
+                      f"{self.total_steps}-step schedule)")
+        else:
+            status = "PARTIAL (training in progress or interrupted)"
         return f"""# {Path(cfg.out).name}
 
 Draft model for speculative decoding of `{Path(cfg.target).name}`: {kind}, made by `sglang_domino.train`.
@@ -428,10 +458,11 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
   {len(self.val)} conversations held out for validation
 - Initialised from: {cfg.init_from or "random (embed_proj output layer zero, final norm = the target's)"}
 - Recipe: loss (1 - lambda) CE(final) + lambda CE(base), position weights exp(-k/{self.gamma:g}); lambda {lam};
+  softmax over {loss_vocab};
   AdamW lr {cfg.lr:g} (warmup {cfg.warmup_ratio:g}, cosine to {cfg.min_lr_ratio:g} x), grad clip {cfg.grad_clip:g},
   {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {self.total_steps} steps
   ({self.total_steps / self.steps_per_epoch:.1f} epochs of {self.steps_per_epoch} steps), seed {cfg.seed},
-  compute dtype {str(self.dtype).removeprefix('torch.')}, target features in {cfg.feature_dtype}
+  compute dtype {str(self.dtype).removeprefix('torch.')}, target features computed in {str(self.feature_dtype).removeprefix('torch.')}
 - Command: `{" ".join(shlex.quote(a) for a in sys.argv)}` (rerun to resume from `{cfg.run_dir}/{CHECKPOINT}`)
 - Last validation (teacher-forced; `val_accept_greedy` = mean tokens per step greedy verification would commit on
   greedy held-out data, bonus included): {json.dumps(last_eval)}
@@ -460,6 +491,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="lambda goes 1 -> 0 over this fraction of the steps")
     g.add_argument("--lambda-const", type=float, default=None,
                    help="fixed lambda; 1.0 = plain DFlash training (the baseline)")
+    g.add_argument("--loss-vocab", default=d.loss_vocab, choices=["data", "full"],
+                   help="softmax of the training loss over the whole vocabulary, or over the tokens that occur in the "
+                        "training data (about 3x cheaper for SmolLM2; validation always uses the full vocabulary; "
+                        "in our SmolLM2 run the Domino curriculum's held-out loss rose once lambda reached 0, see "
+                        "drafters/smollm2-domino-b16/README.md)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=float, default=d.epochs)
     g.add_argument("--max-steps", type=int, default=None, help="overrides --epochs")
@@ -478,9 +514,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
                    help="compute dtype (autocast; master weights fp32). auto: bf16 on CUDA and on CPUs with AMX/AVX512-BF16, "
                         "else fp32")
-    g.add_argument("--feature-dtype", default=d.feature_dtype, choices=["float32", "bfloat16"],
-                   help="target compute dtype for context features")
+    g.add_argument("--feature-dtype", default=d.feature_dtype, choices=["auto", "float32", "bfloat16"],
+                   help="target compute dtype for context features (auto: as --dtype)")
     g.add_argument("--no-feature-cache", action="store_true")
+    g.add_argument("--features-dir", default=None,
+                   help="feature cache folder (default RUN_DIR/features); runs with the same target and layers may share one")
     g.add_argument("--log-every", type=int, default=d.log_every)
     g.add_argument("--eval-every", type=int, default=d.eval_every)
     g.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
