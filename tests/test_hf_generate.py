@@ -128,7 +128,8 @@ def test_sampling_is_lossless(params, candidates, monkeypatch):
         out = speculative_generate(target, drafter, ids, 3, sampling=params, seed=seed)
         counts[tuple(out.tokens)] += 1  # KeyError = a sequence plain sampling can never produce
         accepted += sum(out.stats.accept_lens)
-    assert accepted > samples // 10  # speculation did its part
+    # speculation did its part (a 3-token q is often rejected, yet drafts must still be accepted)
+    assert accepted > (samples // 10 if candidates is None else samples // 40)
     # Pool rare outcomes so every expected count is >= 5.
     keys = sorted(exact, key=exact.get, reverse=True)
     obs, exp, rest_o, rest_e = [], [], 0, 0.0
