@@ -32,10 +32,6 @@ from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton 
 from .policy import DraftPolicy
 from .sampling import draft_batch_sampling, sglang_probs
 
-# Greedy proposals on the reference path score the correction over an exact candidate pool of this size
-# (rollout.pooled_argmax: same tokens as the full vocabulary, far less of embed_proj's output layer read).
-POOL_SIZE = 256
-
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_spec
@@ -44,6 +40,10 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
 logger = logging.getLogger(__name__)
+
+# Greedy proposals on the reference path score the correction over an exact candidate pool of this size
+# (rollout.pooled_argmax: same tokens as the full vocabulary, far less of embed_proj's output layer read).
+POOL_SIZE = 256
 
 
 class DominoDraftInput(SpecInput):
