@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from run_info import RESULTS, run_info  # noqa: E402
 
+from sglang_domino.serving.policy import policy_env  # noqa: E402
 from sglang_domino.serving.server import DEFAULT_MODEL, Server, free_port, preset_args, sse_events  # noqa: E402
 
 
@@ -177,9 +178,7 @@ def main(argv=None) -> int:
         flags += args.server_args.split()
         env = {}
         if preset == "domino":
-            env["SGLANG_DOMINO_DRAFT_POLICY"] = "always" if kind == "domino-always" else "adaptive"
-            if args.max_draft_batch is not None:
-                env["SGLANG_DOMINO_MAX_DRAFT_BATCH"] = str(args.max_draft_batch)
+            env = policy_env("always" if kind == "domino-always" else "adaptive", args.max_draft_batch)
         log = RESULTS / f"{name}-{kind}.log"
         server = Server(args.model, free_port(), flags, env=env, log_path=str(log))
         bar.set_postfix_str(f"starting {kind}")

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)) if str(ROOT) not in sys.path else None
 
+from sglang_domino.serving.policy import POLICIES, policy_env  # noqa: E402
 from sglang_domino.serving.server import DEFAULT_MODEL, Server, preset_args  # noqa: E402
 
 RUN_DIR = ROOT / "launch" / "run"
@@ -50,11 +51,7 @@ def start(args, extra: list[str]) -> int:
                         max_total_tokens=args.max_total_tokens, dtype=args.dtype) + extra
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     log = args.log or str(RUN_DIR / f"{args.port}.log")
-    env = {}
-    if args.max_draft_batch is not None:
-        env["SGLANG_DOMINO_MAX_DRAFT_BATCH"] = str(args.max_draft_batch)
-    if args.draft_policy is not None:
-        env["SGLANG_DOMINO_DRAFT_POLICY"] = args.draft_policy
+    env = policy_env(args.draft_policy, args.max_draft_batch)
     server = Server(str(args.model), args.port, flags, env=env, log_path=log, host=args.host)
     server.start()
     _state(args.port).write_text(json.dumps({"pid": server.proc.pid, "kind": args.kind, "command": server.command,
@@ -120,7 +117,7 @@ def main(argv=None) -> int:
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     s.add_argument("--draft", help="Domino drafter checkpoint folder (domino)")
     s.add_argument("--num-draft-tokens", type=int, help="verify chain length incl. the bonus token")
-    s.add_argument("--draft-policy", choices=["adaptive", "always"],
+    s.add_argument("--draft-policy", choices=POLICIES,
                    help="adaptive (default): per batch size, draft only where it measures faster than plain steps")
     s.add_argument("--max-draft-batch", type=int,
                    help="never draft above this decode batch size (default 0 = no cap)")

@@ -59,3 +59,15 @@ def test_env_errors_are_clear(monkeypatch):
     monkeypatch.setenv("SGLANG_DOMINO_MAX_DRAFT_BATCH", "8")
     p = DraftPolicy.from_env()
     assert p.mode == "always" and p.max_batch == 8
+
+
+def test_policy_env_is_what_from_env_reads(monkeypatch):
+    from sglang_domino.serving.policy import policy_env
+
+    assert policy_env() == {}
+    for key, value in policy_env("always", 3).items():
+        monkeypatch.setenv(key, value)
+    p = DraftPolicy.from_env()
+    assert p.mode == "always" and p.max_batch == 3
+    with pytest.raises(PolicyError, match="expected one of"):
+        policy_env("never")

@@ -46,6 +46,18 @@ def max_draft_batch_from_env() -> int:
     return value
 
 
+def policy_env(policy: str | None = None, max_batch: int | None = None) -> dict[str, str]:
+    """The environment that sets a server's draft policy (what launchers pass to the server process)."""
+    env = {}
+    if policy is not None:
+        if policy not in POLICIES:
+            raise PolicyError(f"draft policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        env[POLICY_ENV] = policy
+    if max_batch is not None:
+        env[MAX_DRAFT_BATCH_ENV] = str(max_batch)
+    return env
+
+
 @dataclass
 class _Bucket:
     rate: dict = field(default_factory=lambda: {True: 0.0, False: 0.0})  # tokens/s EMA, by "drafted"
