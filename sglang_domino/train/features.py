@@ -40,8 +40,13 @@ class FeatureExtractor:
         h.update(repr((self.layer_ids, str(self.compute_dtype))).encode())
         return h.hexdigest()[:24]
 
+    def _cached_path(self, key: str) -> Path | None:
+        """The cache file of ``key`` if it exists."""
+        path = None if self.cache_dir is None else self.cache_dir / f"{key}.pt"
+        return path if path is not None and path.exists() else None
+
     def cached(self, ids: torch.Tensor) -> bool:
-        return self.cache_dir is not None and (self.cache_dir / f"{self._key(ids)}.pt").exists()
+        return self._cached_path(self._key(ids)) is not None
 
     @torch.no_grad()
     def compute(self, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -65,8 +70,9 @@ class FeatureExtractor:
         result: list[torch.Tensor | None] = [None] * len(seqs)
         missing = []
         for i, k in enumerate(keys):
-            if self.cache_dir is not None and (self.cache_dir / f"{k}.pt").exists():
-                result[i] = torch.load(self.cache_dir / f"{k}.pt", weights_only=True)
+            path = self._cached_path(k)
+            if path is not None:
+                result[i] = torch.load(path, weights_only=True)
             else:
                 missing.append(i)
         if missing:
