@@ -23,6 +23,7 @@ import pytest
 import requests
 import torch
 
+from sglang_domino.serving.policy import policy_env
 from sglang_domino.serving.server import Server, free_port, preset_args, sse_events
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -75,7 +76,7 @@ def domino_and_baseline_servers(tmp_path_factory, echo_drafter_dir):
     """(domino, baseline) servers, started together and stopped at the end of the module."""
     logs = _log_dir(tmp_path_factory)
     domino = Server(MODEL, free_port(), preset_args("domino", device=DEVICE, draft=str(echo_drafter_dir)),
-                    env={"SGLANG_DOMINO_MAX_DRAFT_BATCH": str(MAX_DRAFT_BATCH), "SGLANG_DOMINO_DRAFT_POLICY": "always"},
+                    env=policy_env("always", MAX_DRAFT_BATCH),
                     log_path=str(logs / "domino.log"))
     baseline = Server(MODEL, free_port(), preset_args("baseline", device=DEVICE), log_path=str(logs / "baseline.log"))
     try:

@@ -15,6 +15,7 @@ import pytest
 import requests
 import torch
 
+from sglang_domino.serving.policy import policy_env
 from sglang_domino.serving.server import Server, free_port, preset_args
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -43,7 +44,7 @@ def prompts_ids():
 def server(tmp_path_factory, prompts_ids):
     logs = Path(os.environ.get("SGLANG_DOMINO_TEST_LOG_DIR") or tmp_path_factory.mktemp("server-logs"))
     srv = Server(MODEL, free_port(), preset_args("domino", device=DEVICE, draft=str(DRAFTER)),
-                 env={"SGLANG_DOMINO_DRAFT_POLICY": "always"},  # every step drafts, as in the Transformers backend
+                 env=policy_env("always"),  # every step drafts, as in the Transformers backend
                  log_path=str(logs / "domino-trained.log"))
     try:
         yield srv.start().wait_healthy(600)
