@@ -5,15 +5,15 @@
 #   3. train the Domino curriculum and the lambda = 1 baseline side by side, one thread each, same steps,
 #      same data order, same seed: the only difference is the loss.
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
-#   STEPS=1700 STOP=1300 bash launch/train_smollm2.sh   (the committed run: a 1700-step schedule stopped at 1300)
+#   STEPS=2600 bash launch/train_smollm2.sh   (the committed run)
 # Rerunning resumes both runs from runs/*/checkpoint.pt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-STEPS=${STEPS:-1700}
+STEPS=${STEPS:-2600}
 STOP=${STOP:-$STEPS}
 FEATURES=runs/features-smollm2
-COMMON=(--threads 1 --max-steps "$STEPS" --stop-after-steps "$STOP" --loss-vocab data --feature-dtype float32 --features-dir "$FEATURES"
+COMMON=(--threads 1 --max-steps "$STEPS" --stop-after-steps "$STOP" --loss-vocab data --init-layers target --feature-dtype float32 --features-dir "$FEATURES"
         --eval-every 100 --ckpt-every 50 --no-progress)
 
 if [ -n "${GEN_DATA:-}" ]; then

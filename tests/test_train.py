@@ -242,6 +242,54 @@ def test_loss_vocab_is_a_column_subset(target):
             sub.to_loss_vocab(outside)
 
 
+@torch.no_grad()
+def test_negatives_are_extra_columns(target):
+    """Sampled negatives: columns = data vocabulary then tokens outside it, logits = those full columns,
+    labels keep their positions, the same draw for the same generator seed."""
+    drafter = random_head_drafter(target, seed=4)
+    seqs = [e["input_ids"].long() for e in make_examples(2, length=30)]
+    vocab = torch.unique(torch.cat(seqs))
+    sub = Frozen.from_target(target, vocab)
+    neg = sub.with_negatives(5, torch.Generator().manual_seed(0))
+    again = sub.with_negatives(5, torch.Generator().manual_seed(0))
+    cols = neg.columns()
+    assert torch.equal(cols, again.columns()) and torch.equal(cols[:len(vocab)], vocab)
+    assert len(cols) == len(vocab) + 5 and not bool(torch.isin(cols[len(vocab):], vocab).any())
+    batch = build_blocks(seqs, [torch.tensor([10, 20]), torch.tensor([12])], 8, drafter.config.mask_token_id)
+    feats = _pad(_features(target, seqs, drafter.config.target_layer_ids))
+    base_f, final_f = block_logits(drafter, Frozen.from_target(target), batch, feats)
+    base_n, final_n = block_logits(drafter, neg, batch, feats)
+    torch.testing.assert_close(base_n, base_f[..., cols])
+    torch.testing.assert_close(final_n, final_f[..., cols])
+    assert torch.equal(neg.to_loss_vocab(batch.labels), sub.to_loss_vocab(batch.labels))
+    assert Frozen.from_target(target).with_negatives(5, torch.Generator()).columns() is None  # full: unchanged
+
+
+@torch.no_grad()
+def test_warm_start_copies_the_next_target_layer(target):
+    """--init-layers target: draft layer 0 = target layer (deepest context layer + 1), and the context
+    keys/values it starts from are exactly that target layer's."""
+    from sglang_domino.train.warm_start import copy_target_layers
+
+    drafter = random_head_drafter(target)
+    ids = make_examples(1, length=20)[0]["input_ids"].long()
+    copied = copy_target_layers(drafter, target, [ids])
+    t = max(drafter.config.target_layer_ids) + 1
+    assert copied == [t]
+    src = target.model.layers[t]
+    assert torch.equal(drafter.layers[0].mlp.down_proj.weight, src.mlp.down_proj.weight)
+    assert torch.equal(drafter.layers[0].self_attn.q_proj.weight, src.self_attn.q_proj.weight)
+    feats = _features(target, [ids], drafter.config.target_layer_ids)[0].float()
+    hs = target(input_ids=ids[None], output_hidden_states=True).hidden_states
+    ctx = drafter.hidden_norm(drafter.fc(feats))
+    torch.testing.assert_close(ctx, src.input_layernorm(hs[t][0]), rtol=2e-2, atol=2e-2)  # features are bf16
+    assert float(drafter.layers[0].self_attn.q_norm.weight[0]) > 0
+    deep = random_head_drafter(target)
+    deep.config.target_layer_ids = [1, L - 1]
+    with pytest.raises(ValueError, match="cannot copy target layers"):
+        copy_target_layers(deep, target)
+
+
 def test_features_precomputed_once_and_shared(target, tmp_path, monkeypatch):
     exs = make_examples(12)
     shared = tmp_path / "features"

@@ -63,15 +63,18 @@ class Frozen:
     """The target's frozen tensors the drafter uses (not part of the drafter).
 
     ``vocab`` (optional, sorted token ids [V']) restricts the training loss to the tokens that occur in the
-    training data: the softmax then runs over V' instead of V (SmolLM2 data: 12.5k of 49k tokens, about 3x
-    cheaper steps on a CPU). Labels are mapped into it with ``to_loss_vocab``; evaluation uses the full
-    vocabulary (``full()``).
+    training data: the softmax then runs over V' (plus ``negatives``) instead of V (SmolLM2 data: 12.3k of 49k
+    tokens, about 3x cheaper steps on a CPU). Labels are mapped into it with ``to_loss_vocab``; evaluation
+    uses the full vocabulary (``full()``). ``with_negatives`` appends a random sample of the other tokens for
+    one step, so that their logits are pushed down too (without them nothing holds those logits down, and
+    the full-vocabulary argmax drifts onto them).
     """
 
     embed: torch.Tensor  # [V, H]
-    lm_head: torch.Tensor  # [V, H] (the loss vocabulary's rows when vocab is set)
-    vocab: torch.Tensor | None = None  # [V'] int64
+    lm_head: torch.Tensor  # [V, H] (the rows of ``columns()`` when vocab is set)
+    vocab: torch.Tensor | None = None  # [V'] int64, sorted
     full_lm_head: torch.Tensor | None = None  # [V, H] when vocab is set
+    negatives: torch.Tensor | None = None  # [N] int64 token ids outside vocab, appended after it
 
     @classmethod
     def from_target(cls, target, vocab: torch.Tensor | None = None) -> "Frozen":
@@ -84,6 +87,23 @@ class Frozen:
 
     def full(self) -> "Frozen":
         return self if self.vocab is None else Frozen(self.embed, self.full_lm_head)
+
+    def columns(self) -> torch.Tensor | None:
+        """Token id of each logit column ([V' + N]), or None for the full vocabulary."""
+        if self.vocab is None or self.negatives is None:
+            return self.vocab
+        return torch.cat([self.vocab, self.negatives])
+
+    def with_negatives(self, n: int, generator: torch.Generator) -> "Frozen":
+        """This loss vocabulary plus ``n`` tokens drawn uniformly from the rest (labels keep their positions)."""
+        if self.vocab is None or n <= 0:
+            return self
+        outside = torch.ones(self.full_lm_head.shape[0], dtype=torch.bool)
+        outside[self.vocab.cpu()] = False
+        rest = outside.nonzero()[:, 0]
+        picks = rest[torch.randperm(len(rest), generator=generator)[:n]].sort().values.to(self.vocab.device)
+        cols = torch.cat([self.vocab, picks])
+        return Frozen(self.embed, self.full_lm_head.index_select(0, cols), self.vocab, self.full_lm_head, picks)
 
     def to_loss_vocab(self, labels: torch.Tensor) -> torch.Tensor:
         """Token ids [..] -> positions in ``vocab`` (IGNORE stays IGNORE). Every label must be in it."""
@@ -101,7 +121,7 @@ def block_logits(drafter, frozen: Frozen, batch: BlockBatch, features: torch.Ten
 
     features: [S, T, K*H] context features of the S sequences (right-padded; T >= batch.ctx_len).
     Returns (base [R, B-1, V], final [R, B-1, V] or None when ``with_head`` is False); V is the loss
-    vocabulary's size when ``frozen.vocab`` is set.
+    vocabulary's size (``frozen.columns()``) when ``frozen.vocab`` is set.
     """
     cfg = drafter.config
     T = batch.ctx_len
@@ -118,7 +138,8 @@ def block_logits(drafter, frozen: Frozen, batch: BlockBatch, features: torch.Ten
     s, _ = drafter.prefix_gru(F.embedding(batch.gru_ids, frozen.embed).to(zp.dtype))  # [R, B-1, G]
     hidden = drafter.embed_proj[1](drafter.embed_proj[0](torch.cat([zp, s.to(zp.dtype)], -1)))  # [R, B-1, E]
     w2 = drafter.embed_proj[2].weight
-    corr = vocab_logits(hidden, w2 if frozen.vocab is None else w2.index_select(0, frozen.vocab))
+    cols = frozen.columns()
+    corr = vocab_logits(hidden, w2 if cols is None else w2.index_select(0, cols))
     if cfg.pure_draft_prefix_len > 0:  # predictions k < pure_draft_prefix_len get no correction
         keep = torch.arange(zp.shape[1], device=zp.device) >= cfg.pure_draft_prefix_len
         corr = corr * keep[None, :, None].to(corr.dtype)  # a mask, not slices: no full-size zero tensors in backward

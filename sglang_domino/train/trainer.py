@@ -31,6 +31,7 @@ from .anchors import build_blocks, sample_anchors
 from .curriculum import (Frozen, block_logits, block_metrics, curriculum_loss, default_gamma, hit_metrics, lambda_at,
                          lr_factor, position_weights, weighted_ce)
 from .features import FeatureExtractor
+from .warm_start import copy_target_layers
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -50,11 +51,13 @@ class TrainConfig:
     gru_hidden_dim: int = 128
     emb_dim: int = 64
     init_from: str | None = None
+    init_layers: str = "random"  # "target": copy the target layers after the deepest context layer (warm_start.py)
     # curriculum
     gamma: float | None = None
     decay_ratio: float = 0.5
     lambda_const: float | None = None
     loss_vocab: str = "full"  # "full": softmax over all V; "data": over the tokens of the training data
+    loss_negatives: int = 4096  # with loss_vocab "data": other tokens sampled into each step's softmax
     # optimisation
     epochs: float = 4.0
     max_steps: int | None = None
@@ -133,7 +136,8 @@ def _atomic_torch_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def build_drafter(cfg: TrainConfig, target) -> DominoDrafter:
+def build_drafter(cfg: TrainConfig, target, calib_ids: list[torch.Tensor] | None = None) -> DominoDrafter:
+    """A fresh drafter (or ``cfg.init_from``); calib_ids: a few sequences for ``--init-layers target``."""
     if cfg.init_from:
         from ..drafter import load_drafter
 
@@ -146,6 +150,10 @@ def build_drafter(cfg: TrainConfig, target) -> DominoDrafter:
         if len(cfg.target_layer_ids) != cfg.num_context_layers:
             raise ValueError("--target-layer-ids must have --num-context-layers entries")
         drafter.config.target_layer_ids = list(cfg.target_layer_ids)
+    if cfg.init_layers == "target":
+        copy_target_layers(drafter, target, calib_ids)
+    elif cfg.init_layers != "random":
+        raise ValueError(f"init_layers={cfg.init_layers!r}: expected 'random' or 'target'")
     with torch.no_grad():
         # The correction starts at exactly zero: final logits = base logits at step 0.
         drafter.embed_proj[2].weight.zero_()
@@ -182,7 +190,7 @@ class Trainer:
         self.val = [examples[i] for i in order[:n_val]]
         self.train_set = [examples[i] for i in order[n_val:]]
         self.data_fingerprint = _fingerprint(examples)
-        self.drafter = build_drafter(cfg, self.target).to(self.device)
+        self.drafter = build_drafter(cfg, self.target, [e["input_ids"] for e in self.train_set[:8]]).to(self.device)
         dcfg = self.drafter.config
         self.block_size = dcfg.block_size
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(self.block_size)
@@ -259,8 +267,9 @@ class Trainer:
         lam = self.lam(self.step)
         exs, anchors = self.batch_for_step(self.step)
         with_head = lam < 1.0
-        base, final, batch = self._forward(exs, anchors, with_head, self.frozen)
-        labels = self.frozen.to_loss_vocab(batch.labels)
+        frozen = self.frozen.with_negatives(cfg.loss_negatives, _seeded(cfg.seed, 77, self.step))
+        base, final, batch = self._forward(exs, anchors, with_head, frozen)
+        labels = frozen.to_loss_vocab(batch.labels)
         loss, stats = curriculum_loss(base, final, labels, self.weights, lam)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -434,7 +443,8 @@ class Trainer:
         lam = f"constant {cfg.lambda_const}" if cfg.lambda_const is not None else \
             f"1 -> 0 linearly over the first {cfg.decay_ratio:g} of the steps"
         loss_vocab = "the full vocabulary" if self.frozen.vocab is None else \
-            f"the {len(self.frozen.vocab)} tokens of the training data (validation: full vocabulary)"
+            f"the {len(self.frozen.vocab)} tokens of the training data plus {cfg.loss_negatives} other tokens drawn " \
+            f"afresh each step (validation: full vocabulary)"
         if self.step >= self.total_steps:
             status = "complete"
         elif cfg.stop_after_steps is not None and self.step >= cfg.stop_after_steps:
@@ -485,6 +495,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gru-hidden-dim", type=int, default=d.gru_hidden_dim)
     g.add_argument("--emb-dim", type=int, default=d.emb_dim)
     g.add_argument("--init-from", default=None, help="start from an exported drafter")
+    g.add_argument("--init-layers", default=d.init_layers, choices=["random", "target"],
+                   help="draft layers random, or copied from the target layers after the deepest context layer "
+                        "(fc passes that layer's features through; see sglang_domino/train/warm_start.py)")
     g = p.add_argument_group("curriculum")
     g.add_argument("--gamma", type=float, default=None, help="position decay (default 7/5/4 for B=16/10/8)")
     g.add_argument("--decay-ratio", type=float, default=d.decay_ratio,
@@ -493,9 +506,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="fixed lambda; 1.0 = plain DFlash training (the baseline)")
     g.add_argument("--loss-vocab", default=d.loss_vocab, choices=["data", "full"],
                    help="softmax of the training loss over the whole vocabulary, or over the tokens that occur in the "
-                        "training data (about 3x cheaper for SmolLM2; validation always uses the full vocabulary; "
-                        "in our SmolLM2 run the Domino curriculum's held-out loss rose once lambda reached 0, see "
-                        "drafters/smollm2-domino-b16/README.md)")
+                        "training data plus --loss-negatives others drawn each step (about 2.5x cheaper for SmolLM2; "
+                        "validation always uses the full vocabulary)")
+    g.add_argument("--loss-negatives", type=int, default=d.loss_negatives,
+                   help="with --loss-vocab data: tokens outside the data drawn into each step's softmax (0: none; then "
+                        "nothing holds their logits down and the held-out loss can rise once lambda reaches 0)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=float, default=d.epochs)
     g.add_argument("--max-steps", type=int, default=None, help="overrides --epochs")
