@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     p.add_argument("--draft", help="Domino drafter checkpoint (required for the domino kind)")
     p.add_argument("--kinds", nargs="+", default=["baseline", "domino"],
                    choices=["baseline", "domino", "domino-always", "ngram"],
-                   help="domino: the default (adaptive) draft policy; domino-always: draft at every step")
+                   help="domino: the default (adaptive) draft policy; domino-always: full width at every step")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--mtbench", type=int, default=16, help="MT-Bench first turns to use")
     p.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT prompts to use")
@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--num-draft-tokens", type=int)
     p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers")
+    p.add_argument("--draft-widths", type=int, nargs="+",
+                   help="candidate verify widths of the adaptive policy (default 1 4 8 and the full width)")
     p.add_argument("--name", default=None)
     p.add_argument("--server-args", default="", help="extra SGLang flags for every server (one string)")
     args = p.parse_args(argv)
@@ -178,7 +180,8 @@ def main(argv=None) -> int:
         flags += args.server_args.split()
         env = {}
         if preset == "domino":
-            env = policy_env("always" if kind == "domino-always" else "adaptive", args.max_draft_batch)
+            env = policy_env("always" if kind == "domino-always" else "adaptive", args.max_draft_batch,
+                             args.draft_widths)
         log = RESULTS / f"{name}-{kind}.log"
         server = Server(args.model, free_port(), flags, env=env, log_path=str(log))
         bar.set_postfix_str(f"starting {kind}")

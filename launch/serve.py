@@ -51,7 +51,7 @@ def start(args, extra: list[str]) -> int:
                         max_total_tokens=args.max_total_tokens, dtype=args.dtype) + extra
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     log = args.log or str(RUN_DIR / f"{args.port}.log")
-    env = policy_env(args.draft_policy, args.max_draft_batch)
+    env = policy_env(args.draft_policy, args.max_draft_batch, args.draft_widths)
     server = Server(str(args.model), args.port, flags, env=env, log_path=log, host=args.host)
     server.start()
     _state(args.port).write_text(json.dumps({"pid": server.proc.pid, "kind": args.kind, "command": server.command,
@@ -118,7 +118,10 @@ def main(argv=None) -> int:
     s.add_argument("--draft", help="Domino drafter checkpoint folder (domino)")
     s.add_argument("--num-draft-tokens", type=int, help="verify chain length incl. the bonus token")
     s.add_argument("--draft-policy", choices=POLICIES,
-                   help="adaptive (default): per batch size, draft only where it measures faster than plain steps")
+                   help="adaptive (default): per batch size, run the verify width (1 = plain step) measured fastest; "
+                        "always: full width at every step")
+    s.add_argument("--draft-widths", type=int, nargs="+",
+                   help="candidate verify widths of the adaptive policy (default 1 4 8 and the full width)")
     s.add_argument("--max-draft-batch", type=int,
                    help="never draft above this decode batch size (default 0 = no cap)")
     s.add_argument("--max-total-tokens", type=int)

@@ -318,6 +318,26 @@ def test_bad_request_is_4xx_while_others_continue(domino_server):
     assert generate(domino_server, "Water boils at", max_new_tokens=4, temperature=0)["meta_info"]["completion_tokens"] >= 1
 
 
+def test_adaptive_width_switching_keeps_greedy_parity(tmp_path, echo_drafter_dir, baseline_server):
+    """The adaptive policy changes the verify width from step to step (its warm-up alone runs each of
+    8, 5, 2, 1 three times per batch-size bucket): output must not change."""
+    server = Server(MODEL, free_port(), preset_args("domino", device=DEVICE, draft=str(echo_drafter_dir)),
+                    env=policy_env("adaptive", widths=[1, 2, 5, BLOCK]), log_path=str(tmp_path / "adaptive.log"))
+    try:
+        server.start().wait_healthy(TIMEOUT)
+        prompts = TEXT_PROMPTS[:8] + ["ha ha ha ha ha ha ha ha ha ha"]
+        with cf.ThreadPoolExecutor(2 * len(prompts)) as ex:
+            futs = {(name, i): ex.submit(generate, srv, p, max_new_tokens=32, temperature=0)
+                    for name, srv in (("domino", server), ("baseline", baseline_server)) for i, p in enumerate(prompts)}
+            out = {k: f.result()["output_ids"] for k, f in futs.items()}
+        solo = [generate(server, prompts[-1], max_new_tokens=32, temperature=0) for _ in range(2)]
+    finally:
+        server.stop()
+    for i in range(len(prompts)):
+        assert out[("domino", i)] == out[("baseline", i)], prompts[i]
+    assert all(d["output_ids"] == out[("baseline", len(prompts) - 1)] for d in solo)
+
+
 # -- startup refusals (no model weights are loaded: the launcher rejects the arguments) --------------
 def _refused(tmp_path, draft, extra=()):
     server = Server(MODEL, free_port(), preset_args("domino", device=DEVICE, draft=str(draft)) + list(extra),

@@ -8,7 +8,7 @@ import os
 import torch
 
 from ..config import CheckpointError, DominoConfig
-from .policy import PolicyError, max_draft_batch_from_env, policy_from_env
+from .policy import PolicyError, max_draft_batch_from_env, policy_from_env, widths_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ def validate_server_args(server_args) -> None:
     try:  # the draft policy's environment variables (see policy.py)
         policy_from_env()
         max_draft_batch_from_env()
+        widths_from_env(int(n) if n is not None else dcfg.block_size)
     except PolicyError as e:
         raise DominoArgumentError(str(e)) from e
 

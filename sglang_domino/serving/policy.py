@@ -1,14 +1,17 @@
-"""When to draft: speculation only where it is measured to pay.
+"""How much to draft: speculation only where, and as far as, it is measured to pay.
 
-A decode step either drafts (backbone + head, then verify ``[bonus, y_1 .. y_n]``) or is a plain step
-(verify ``[bonus]`` alone: one token, and the drafter's context still grows). Which is faster depends on
-the drafter's acceptance, the batch size and the machine, so the ``adaptive`` policy measures it: for each
-batch-size bucket (1, 2-3, 4-7, 8-15, ...) it keeps an exponential moving average of the committed tokens
-per second of both kinds of step, runs the faster kind, and every ``explore_every``-th step of a bucket
-runs the other kind once so that its estimate follows the traffic. Both kinds commit exactly the
-target's tokens, so the policy changes speed, never output.
+A decode step verifies ``[bonus, y_1 .. y_{w-1}]``: its *width* ``w`` is 1 for a plain step (no drafting;
+the drafter's context still grows) and up to the drafter's block size. Wider steps can commit more
+tokens but cost more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a
+large batch the verify is compute-bound), so the best width depends on the drafter's acceptance, the batch
+size and the machine. The ``adaptive`` policy measures it: for each batch-size bucket (1, 2-3, 4-7,
+8-15, ...) it keeps an exponential moving average of the committed tokens per second of each candidate
+width, runs the fastest, and every ``explore_every``-th step of a bucket runs one of the others (in turn)
+so that the estimates follow the traffic. Every width commits exactly the target's tokens, so the policy
+changes speed, never output.
 
-    SGLANG_DOMINO_DRAFT_POLICY   adaptive (default) | always
+    SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
+    SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 4, 8 and the full width)
     SGLANG_DOMINO_MAX_DRAFT_BATCH  N > 0: never draft for decode batches larger than N (0 = no cap)
 """
 
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field
 
 POLICY_ENV = "SGLANG_DOMINO_DRAFT_POLICY"
 MAX_DRAFT_BATCH_ENV = "SGLANG_DOMINO_MAX_DRAFT_BATCH"
+WIDTHS_ENV = "SGLANG_DOMINO_DRAFT_WIDTHS"
+DEFAULT_WIDTHS = (1, 4, 8)  # plus the full width
 POLICIES = ("adaptive", "always")
 
 
@@ -46,9 +51,27 @@ def max_draft_batch_from_env() -> int:
     return value
 
 
-def policy_env(policy: str | None = None, max_batch: int | None = None) -> dict[str, str]:
+def widths_from_env(full_width: int) -> tuple[int, ...]:
+    """Candidate verify widths for a drafter whose full width (bonus + drafts) is ``full_width``."""
+    raw = os.environ.get(WIDTHS_ENV, "").strip()
+    if not raw:
+        return tuple(sorted({w for w in DEFAULT_WIDTHS if w < full_width} | {full_width}))
+    try:
+        widths = sorted({int(w) for w in raw.split(",") if w.strip()})
+    except ValueError as e:
+        raise PolicyError(f"{WIDTHS_ENV}={raw!r}: expected comma-separated integers, e.g. 1,4,{full_width}") from e
+    if not widths or widths[0] < 1 or widths[-1] > full_width:
+        raise PolicyError(f"{WIDTHS_ENV}={raw!r}: widths must be in [1, {full_width}] (1 = plain step; "
+                          f"{full_width} = bonus + all drafts of this server's --speculative-num-draft-tokens)")
+    return tuple(widths)
+
+
+def policy_env(policy: str | None = None, max_batch: int | None = None,
+               widths: list[int] | None = None) -> dict[str, str]:
     """The environment that sets a server's draft policy (what launchers pass to the server process)."""
     env = {}
+    if widths:
+        env[WIDTHS_ENV] = ",".join(str(w) for w in widths)
     if policy is not None:
         if policy not in POLICIES:
             raise PolicyError(f"draft policy {policy!r}: expected one of {', '.join(POLICIES)}")
@@ -60,59 +83,71 @@ def policy_env(policy: str | None = None, max_batch: int | None = None) -> dict[
 
 @dataclass
 class _Bucket:
-    rate: dict = field(default_factory=lambda: {True: 0.0, False: 0.0})  # tokens/s EMA, by "drafted"
-    count: dict = field(default_factory=lambda: {True: 0, False: 0})
+    rate: dict = field(default_factory=dict)  # width -> committed tokens/s (EMA)
+    count: dict = field(default_factory=dict)  # width -> steps measured
     steps: int = 0
+    explored: int = 0
 
 
 class DraftPolicy:
-    def __init__(self, mode: str = "adaptive", max_batch: int = 0, warmup: int = 3, explore_every: int = 40,
-                 alpha: float = 0.2):
+    """``width(batch_size)`` before a decode step, ``record(...)`` after it."""
+
+    def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
+                 warmup: int = 3, explore_every: int = 40, alpha: float = 0.2):
         if mode not in POLICIES:
             raise PolicyError(f"draft policy {mode!r}: expected one of {', '.join(POLICIES)}")
         self.mode, self.max_batch = mode, max_batch
+        self.widths = tuple(sorted(set(widths)))
+        self.full = self.widths[-1]
         self.warmup, self.explore_every, self.alpha = warmup, explore_every, alpha
         self.buckets: dict[int, _Bucket] = {}
 
     @classmethod
-    def from_env(cls) -> "DraftPolicy":
-        return cls(policy_from_env(), max_draft_batch_from_env())
+    def from_env(cls, full_width: int) -> "DraftPolicy":
+        return cls(policy_from_env(), max_draft_batch_from_env(), widths_from_env(full_width))
 
     @staticmethod
     def bucket(batch_size: int) -> int:
         return max(1, batch_size).bit_length()  # 1 | 2-3 | 4-7 | 8-15 | ...
 
-    def should_draft(self, batch_size: int) -> bool:
+    def width(self, batch_size: int) -> int:
+        """Verify width of the next decode step (1 = plain step)."""
         if self.max_batch and batch_size > self.max_batch:
-            return False
-        if self.mode == "always":
-            return True
+            return 1
+        if self.mode == "always" or len(self.widths) == 1:
+            return self.full
         b = self.buckets.setdefault(self.bucket(batch_size), _Bucket())
         b.steps += 1
-        for kind in (True, False):  # measure drafting first, then plain steps
-            if b.count[kind] < self.warmup:
-                return kind
-        best = b.rate[True] >= b.rate[False]
-        return (not best) if b.steps % self.explore_every == 0 else best
+        for w in reversed(self.widths):  # measure every width first, widest first
+            if b.count.get(w, 0) < self.warmup:
+                return w
+        best = max(self.widths, key=lambda w: b.rate[w])
+        if b.steps % self.explore_every:
+            return best
+        others = [w for w in self.widths if w != best]
+        b.explored += 1
+        return others[b.explored % len(others)]
 
-    def record(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """One finished decode step: ``tokens`` committed over the batch in ``seconds``."""
+    def record(self, batch_size: int, width: int, tokens: int, seconds: float) -> None:
+        """One finished decode step of ``width``: ``tokens`` committed over the batch in ``seconds``."""
         if self.mode == "always" or seconds <= 0:
             return
         b = self.buckets.setdefault(self.bucket(batch_size), _Bucket())
         rate = tokens / seconds
-        n = b.count[drafted]
+        n = b.count.get(width, 0)
         # the first measurements are averaged plainly, later ones exponentially
         a = max(self.alpha, 1.0 / (n + 1))
-        b.rate[drafted] = rate if n == 0 else (1 - a) * b.rate[drafted] + a * rate
-        b.count[drafted] = n + 1
+        b.rate[width] = rate if n == 0 else (1 - a) * b.rate[width] + a * rate
+        b.count[width] = n + 1
 
     def describe(self) -> str:
+        cap = f", batch cap {self.max_batch}" if self.max_batch else ""
         if self.mode == "always":
-            return f"always draft (batch cap {self.max_batch or 'none'})"
+            return f"always draft (width {self.full}{cap})"
         parts = []
         for k in sorted(self.buckets):
             b = self.buckets[k]
             lo, hi = 1 << (k - 1), (1 << k) - 1
-            parts.append(f"bs {lo}-{hi}: draft {b.rate[True]:.1f} vs plain {b.rate[False]:.1f} tok/s")
-        return "adaptive; " + ("; ".join(parts) or "no steps yet")
+            rates = ", ".join(f"w{w} {b.rate[w]:.1f}" for w in self.widths if w in b.rate)
+            parts.append(f"bs {lo}-{hi}: {rates} tok/s")
+        return f"adaptive over widths {list(self.widths)}{cap}; " + ("; ".join(parts) or "no steps yet")

@@ -99,7 +99,7 @@ class DominoWorker(BaseSpecWorker):
 
         self.block_size = int(self.cfg.block_size)
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens or self.block_size)
-        self.policy = DraftPolicy.from_env()
+        self.policy = DraftPolicy.from_env(self.num_draft_tokens)
         self.k_pool = self.v_pool = None
         self.steps = 0
         logger.info(
@@ -206,9 +206,8 @@ class DominoWorker(BaseSpecWorker):
         sampling_info = batch.sampling_info
         all_greedy = sampling_info is None or sampling_info.is_all_greedy
         t_start = time.perf_counter()
-        drafting = self.policy.should_draft(bs)
-        n = self.num_draft_tokens - 1 if drafting else 0
-        width = n + 1
+        width = self.policy.width(bs)
+        n = width - 1
 
         if n > 0:
             tokens, q = self._draft(batch, seq_lens, seq_lens_cpu, bonus, n, sampling_info, all_greedy)
@@ -269,7 +268,7 @@ class DominoWorker(BaseSpecWorker):
             compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self.policy.record(bs, drafting, int(commit.sum()), time.perf_counter() - t_start)
+        self.policy.record(bs, width, int(commit.sum()), time.perf_counter() - t_start)
         self.steps += 1
         if self.steps % 2000 == 0:
             logger.info("DOMINO draft policy: %s", self.policy.describe())
