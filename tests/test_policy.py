@@ -30,6 +30,14 @@ def test_adaptive_picks_the_fastest_width_per_batch_bucket():
         assert all(0.0 < frac[bs].get(w, 0.0) < 0.05 for w in (1, 4, 16) if w != max(frac[bs], key=frac[bs].get))
 
 
+def test_warm_up_goes_wider_only_while_wider_is_faster():
+    policy = DraftPolicy("adaptive", widths=(1, 4, 8, 16))
+    early = simulate(policy, {16: {1: 200.0, 4: 100.0, 8: 80.0, 16: 50.0}, 1: {1: 20.0, 4: 30.0, 8: 35.0, 16: 25.0}}, 30)
+    assert 8 not in early[16] and 16 not in early[16]  # width 4 lost to plain steps: 8 and 16 are not tried
+    assert early[1].get(16, 0) > 0  # at batch 1 each wider width won until 16
+    assert max(early[1], key=early[1].get) == 8
+
+
 def test_adaptive_follows_a_change_in_acceptance():
     policy = DraftPolicy("adaptive", widths=(1, 16))
     simulate(policy, {1: {16: 30.0, 1: 20.0}}, 200)

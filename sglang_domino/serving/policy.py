@@ -6,8 +6,9 @@ tokens but cost more (the head's rollout and the target's verify grow with ``w``
 large batch the verify is compute-bound), so the best width depends on the drafter's acceptance, the batch
 size and the machine. The ``adaptive`` policy measures it: for each batch-size bucket (1, 2-3, 4-7,
 8-15, ...) it keeps an exponential moving average of the committed tokens per second of each candidate
-width, runs the fastest, and every ``explore_every``-th step of a bucket runs one of the others (in turn)
-so that the estimates follow the traffic. Every width commits exactly the target's tokens, so the policy
+width (measured narrowest first, stopping at the first width slower than a narrower one), runs the
+fastest, and every ``explore_every``-th step of a bucket runs one of the others (in turn) so that the
+estimates follow the traffic. Every width commits exactly the target's tokens, so the policy
 changes speed, never output.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
@@ -118,10 +119,13 @@ class DraftPolicy:
             return self.full
         b = self.buckets.setdefault(self.bucket(batch_size), _Bucket())
         b.steps += 1
-        for w in reversed(self.widths):  # measure every width first, widest first
-            if b.count.get(w, 0) < self.warmup:
-                return w
-        best = max(self.widths, key=lambda w: b.rate[w])
+        # Warm-up, narrowest (cheapest) first: go on to the next wider width only while the widest one
+        # measured so far is the fastest, so a batch where drafting does not pay never runs wide steps.
+        measured = [w for w in self.widths if b.count.get(w, 0) >= self.warmup]
+        pending = next((w for w in self.widths if b.count.get(w, 0) < self.warmup), None)
+        best = max(b.rate, key=b.rate.get) if b.rate else None
+        if pending is not None and (not measured or (pending > measured[-1] and best == measured[-1])):
+            return pending
         if b.steps % self.explore_every:
             return best
         others = [w for w in self.widths if w != best]
