@@ -51,7 +51,7 @@ class TrainConfig:
     gru_hidden_dim: int = 128
     emb_dim: int = 64
     init_from: str | None = None
-    init_layers: str = "random"  # "target": copy the target layers after the deepest context layer (warm_start.py)
+    init_layers: str = "target"  # copy the target layers after the deepest context layer (warm_start.py); or "random"
     # curriculum
     gamma: float | None = None
     decay_ratio: float = 0.5
@@ -425,6 +425,14 @@ class Trainer:
         (out / "README.md").write_text(self.model_card())
         return out
 
+    def _init_description(self) -> str:
+        if self.cfg.init_from:
+            return self.cfg.init_from
+        layers = "random draft layers" if self.cfg.init_layers == "random" else \
+            f"draft layers copied from target layer(s) after {max(self.drafter.config.target_layer_ids)} " \
+            f"(`--init-layers target`)"
+        return f"{layers}; embed_proj output layer zero; final norm = the target's"
+
     def model_card(self) -> str:
         from .data import dataset_stats
 
@@ -466,7 +474,7 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
   ({cfg.data}): {stats['examples']} training conversations, {stats['response_tokens']} response tokens
   (mean {stats['mean_response_tokens']}), {stats['sampled_fraction']:.0%} sampled responses, the rest greedy;
   {len(self.val)} conversations held out for validation
-- Initialised from: {cfg.init_from or "random (embed_proj output layer zero, final norm = the target's)"}
+- Initialised from: {self._init_description()}
 - Recipe: loss (1 - lambda) CE(final) + lambda CE(base), position weights exp(-k/{self.gamma:g}); lambda {lam};
   softmax over {loss_vocab};
   AdamW lr {cfg.lr:g} (warmup {cfg.warmup_ratio:g}, cosine to {cfg.min_lr_ratio:g} x), grad clip {cfg.grad_clip:g},
