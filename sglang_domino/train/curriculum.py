@@ -64,8 +64,8 @@ class Frozen:
 
     ``vocab`` (optional, sorted token ids [V']) restricts the training loss to the tokens that occur in the
     training data: the softmax then runs over V' (plus ``negatives``) instead of V (SmolLM2 data: 12.3k of 49k
-    tokens, about 2.5x cheaper steps on a CPU with 4096 negatives). Labels are mapped into it with ``to_loss_vocab``; evaluation
-    uses the full vocabulary (``full()``). ``with_negatives`` appends a random sample of the other tokens for
+    tokens, about 2.5x cheaper steps on a CPU with 4096 negatives). Labels are mapped into it with
+    ``to_loss_vocab``; evaluation uses the full vocabulary (``full()``). ``with_negatives`` appends a random sample of the other tokens for
     one step, so that their logits are pushed down too (without them nothing holds those logits down, and
     the full-vocabulary argmax drifts onto them).
     """
