@@ -32,11 +32,16 @@ class PolicyError(ValueError):
     pass
 
 
+def _check_mode(value: str, label: str) -> str:
+    """``value`` if it names a policy; else PolicyError starting with ``label`` (where the value came from)."""
+    if value not in POLICIES:
+        raise PolicyError(f"{label}: expected one of {', '.join(POLICIES)}")
+    return value
+
+
 def policy_from_env() -> str:
     value = os.environ.get(POLICY_ENV, "").strip().lower() or "adaptive"
-    if value not in POLICIES:
-        raise PolicyError(f"{POLICY_ENV}={value!r}: expected one of {', '.join(POLICIES)}")
-    return value
+    return _check_mode(value, f"{POLICY_ENV}={value!r}")
 
 
 def max_draft_batch_from_env() -> int:
@@ -74,9 +79,7 @@ def policy_env(policy: str | None = None, max_batch: int | None = None,
     if widths:
         env[WIDTHS_ENV] = ",".join(str(w) for w in widths)
     if policy is not None:
-        if policy not in POLICIES:
-            raise PolicyError(f"draft policy {policy!r}: expected one of {', '.join(POLICIES)}")
-        env[POLICY_ENV] = policy
+        env[POLICY_ENV] = _check_mode(policy, f"draft policy {policy!r}")
     if max_batch is not None:
         env[MAX_DRAFT_BATCH_ENV] = str(max_batch)
     return env
@@ -95,9 +98,7 @@ class DraftPolicy:
 
     def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
                  warmup: int = 3, explore_every: int = 40, alpha: float = 0.2):
-        if mode not in POLICIES:
-            raise PolicyError(f"draft policy {mode!r}: expected one of {', '.join(POLICIES)}")
-        self.mode, self.max_batch = mode, max_batch
+        self.mode, self.max_batch = _check_mode(mode, f"draft policy {mode!r}"), max_batch
         self.widths = tuple(sorted(set(widths)))
         self.full = self.widths[-1]
         self.warmup, self.explore_every, self.alpha = warmup, explore_every, alpha

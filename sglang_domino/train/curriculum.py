@@ -75,6 +75,7 @@ class Frozen:
     vocab: torch.Tensor | None = None  # [V'] int64, sorted
     full_lm_head: torch.Tensor | None = None  # [V, H] when vocab is set
     negatives: torch.Tensor | None = None  # [N] int64 token ids outside vocab, appended after it
+    outside: torch.Tensor | None = None  # [V - V'] int64 token ids not in vocab (the pool negatives come from)
 
     @classmethod
     def from_target(cls, target, vocab: torch.Tensor | None = None) -> "Frozen":
@@ -83,7 +84,9 @@ class Frozen:
         if vocab is None:
             return cls(embed, head)
         vocab = vocab.to(head.device).long().sort().values
-        return cls(embed, head.index_select(0, vocab).contiguous(), vocab, head)
+        mask = torch.ones(head.shape[0], dtype=torch.bool, device=head.device)
+        mask[vocab] = False
+        return cls(embed, head.index_select(0, vocab).contiguous(), vocab, head, outside=mask.nonzero()[:, 0])
 
     def full(self) -> "Frozen":
         return self if self.vocab is None else Frozen(self.embed, self.full_lm_head)
@@ -98,12 +101,11 @@ class Frozen:
         """This loss vocabulary plus ``n`` tokens drawn uniformly from the rest (labels keep their positions)."""
         if self.vocab is None or n <= 0:
             return self
-        outside = torch.ones(self.full_lm_head.shape[0], dtype=torch.bool)
-        outside[self.vocab.cpu()] = False
-        rest = outside.nonzero()[:, 0]
-        picks = rest[torch.randperm(len(rest), generator=generator)[:n]].sort().values.to(self.vocab.device)
+        draw = torch.randperm(len(self.outside), generator=generator)[:n].to(self.outside.device)
+        picks = self.outside[draw].sort().values
         cols = torch.cat([self.vocab, picks])
-        return Frozen(self.embed, self.full_lm_head.index_select(0, cols), self.vocab, self.full_lm_head, picks)
+        return Frozen(self.embed, self.full_lm_head.index_select(0, cols), self.vocab, self.full_lm_head, picks,
+                      self.outside)
 
     def to_loss_vocab(self, labels: torch.Tensor) -> torch.Tensor:
         """Token ids [..] -> positions in ``vocab`` (IGNORE stays IGNORE). Every label must be in it."""

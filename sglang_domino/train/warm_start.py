@@ -15,11 +15,6 @@ from __future__ import annotations
 import torch
 
 
-def _decoder_layers(target):
-    body = getattr(target, "model", target)
-    return body, body.layers
-
-
 @torch.no_grad()
 def copy_target_layers(drafter, target, calib_ids: list[torch.Tensor] | None = None) -> list[int]:
     """Initialise ``drafter`` (in place) from ``target``; returns the target layer indices copied.
@@ -27,7 +22,7 @@ def copy_target_layers(drafter, target, calib_ids: list[torch.Tensor] | None = N
     calib_ids: a few 1-D token tensors for the q/k scale (none: scale 1).
     """
     cfg = drafter.config
-    body, layers = _decoder_layers(target)
+    layers = getattr(target, "model", target).layers
     first = max(cfg.target_layer_ids) + 1
     copied = list(range(first, first + cfg.num_hidden_layers))
     if copied[-1] >= len(layers):
