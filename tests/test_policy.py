@@ -26,8 +26,16 @@ def test_adaptive_picks_the_fastest_width_per_batch_bucket():
                              16: {1: 200.0, 4: 100.0, 16: 50.0}}, 400)
     assert frac[1][4] > 0.95  # width 4 is fastest at batch 1
     assert frac[4][1] > 0.95 and frac[16][1] > 0.95  # plain steps win at larger batches
-    for bs in (1, 4, 16):  # the others are still measured now and then
-        assert all(0.0 < frac[bs].get(w, 0.0) < 0.05 for w in (1, 4, 16) if w != max(frac[bs], key=frac[bs].get))
+    for bs, neighbours in ((1, (1, 16)), (4, (4,)), (16, (4,))):  # the fastest's neighbours now and then
+        assert all(0.0 < frac[bs].get(w, 0.0) < 0.05 for w in neighbours)
+    assert 16 not in frac[16]  # width 4 lost at warm-up, so 16 (not a neighbour of 1) is never run
+
+
+def test_exploration_backs_off_while_the_fastest_stays():
+    policy = DraftPolicy("adaptive", widths=(1, 4, 16), explore_every=40, max_explore_every=320)
+    frac = simulate(policy, {16: {1: 200.0, 4: 100.0, 16: 50.0}}, 4000)
+    b = policy.buckets[DraftPolicy.bucket(16)]
+    assert b.interval == 320 and frac[16].get(4, 0) < 0.006  # ~1/320 after the back-off, + 3 warm-up steps
 
 
 def test_warm_up_goes_wider_only_while_wider_is_faster():

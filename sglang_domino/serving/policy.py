@@ -7,9 +7,11 @@ large batch the verify is compute-bound), so the best width depends on the draft
 size and the machine. The ``adaptive`` policy measures it: for each batch-size bucket (1, 2-3, 4-7,
 8-15, ...) it keeps an exponential moving average of the committed tokens per second of each candidate
 width (measured narrowest first, stopping at the first width slower than a narrower one), runs the
-fastest, and every ``explore_every``-th step of a bucket runs one of the others (in turn) so that the
-estimates follow the traffic. Every width commits exactly the target's tokens, so the policy
-changes speed, never output.
+fastest, and now and then runs a neighbour of the fastest (the next narrower or wider candidate, in
+turn) so that the estimates follow the traffic: after ``explore_every`` steps, then at intervals that
+double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket spends
+almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
+speed, never output.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 4, 8 and the full width)
@@ -91,17 +93,21 @@ class _Bucket:
     count: dict = field(default_factory=dict)  # width -> steps measured
     steps: int = 0
     explored: int = 0
+    interval: int = 0  # steps between explorations (doubles while the fastest width stays the same)
+    next_explore: int = 0
+    last_best: int = 0
 
 
 class DraftPolicy:
     """``width(batch_size)`` before a decode step, ``record(...)`` after it."""
 
     def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
-                 warmup: int = 3, explore_every: int = 40, alpha: float = 0.2):
+                 warmup: int = 3, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2):
         self.mode, self.max_batch = _check_mode(mode, f"draft policy {mode!r}"), max_batch
         self.widths = tuple(sorted(set(widths)))
         self.full = self.widths[-1]
-        self.warmup, self.explore_every, self.alpha = warmup, explore_every, alpha
+        self.warmup, self.alpha = warmup, alpha
+        self.explore_every, self.max_explore_every = explore_every, max(explore_every, max_explore_every)
         self.buckets: dict[int, _Bucket] = {}
 
     @classmethod
@@ -118,7 +124,7 @@ class DraftPolicy:
             return 1
         if self.mode == "always" or len(self.widths) == 1:
             return self.full
-        b = self.buckets.setdefault(self.bucket(batch_size), _Bucket())
+        b = self.buckets.setdefault(self.bucket(batch_size), _Bucket(next_explore=self.explore_every))
         b.steps += 1
         # Warm-up, narrowest (cheapest) first: go on to the next wider width only while the widest one
         # measured so far is the fastest, so a batch where drafting does not pay never runs wide steps.
@@ -127,11 +133,14 @@ class DraftPolicy:
         best = max(b.rate, key=b.rate.get) if b.rate else None
         if pending is not None and (not measured or (pending > measured[-1] and best == measured[-1])):
             return pending
-        if b.steps % self.explore_every:
+        if b.steps < b.next_explore:
             return best
-        others = [w for w in self.widths if w != best]
+        b.interval = min(2 * b.interval, self.max_explore_every) if best == b.last_best else self.explore_every
+        b.last_best, b.next_explore = best, b.steps + b.interval
+        i = self.widths.index(best)
+        neighbours = self.widths[max(0, i - 1):i] + self.widths[i + 1:i + 2]
         b.explored += 1
-        return others[b.explored % len(others)]
+        return neighbours[b.explored % len(neighbours)]
 
     def record(self, batch_size: int, width: int, tokens: int, seconds: float) -> None:
         """One finished decode step of ``width``: ``tokens`` committed over the batch in ``seconds``."""

@@ -14,6 +14,10 @@ cached) and an uncommitted last token ``bonus`` (the target's previous output):
    next step or freed with the request. The target hidden states captured by the verify pass are
    turned into the drafter's context K/V for the same slots.
 
+Where the draft policy chooses width 1 (drafting does not pay at this batch size) the step is SGLang's
+ordinary DECODE forward of the bonus token instead, sampled by SGLang, with its hidden states captured
+for the drafter's context.
+
 The drafter's context K/V live in a pool indexed by the target's KV slot ids, so SGLang's
 allocator, radix cache and request lifecycle manage them implicitly (a slot's entry is rewritten
 whenever the target rewrites that slot).
@@ -195,6 +199,45 @@ class DominoWorker(BaseSpecWorker):
         return rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len,
                        draft_batch_sampling(sampling_info), noise)
 
+    def _plain_step(self, batch, seq_lens, seq_lens_cpu, bonus, on_publish, t_start):
+        """Width 1 (the policy found drafting does not pay at this batch size): one ordinary DECODE
+        forward of the target, sampled by SGLang itself, so the step costs what plain decoding costs;
+        the captured hidden states still become the drafter's context for the bonus token's slot."""
+        slots = self.req_to_token_pool.req_to_token[batch.req_pool_indices.long(), seq_lens].to(torch.int64)
+        saved = batch.input_ids, batch.out_cache_loc, batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
+        batch.input_ids, batch.out_cache_loc = bonus, slots
+        batch.seq_lens = batch.seq_lens + 1  # decode: the length includes the token being fed
+        batch.seq_lens_cpu = seq_lens_cpu + 1
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        try:
+            out = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        finally:
+            batch.input_ids, batch.out_cache_loc, batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DOMINO: the target returned no captured hidden states for decode")
+        self._write_context(hidden, seq_lens, slots)
+        out.logits_output.hidden_states = None
+        new_seq_lens = (seq_lens + 1).to(batch.seq_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self.policy.record(len(batch.reqs), 1, len(batch.reqs), time.perf_counter() - t_start)
+        return self._result(out.logits_output, out.next_token_ids, torch.ones_like(seq_lens), 1, new_seq_lens)
+
+    def _result(self, logits_output, next_token_ids, commit, width, new_seq_lens) -> GenerationBatchResult:
+        self.steps += 1
+        if self.steps % 2000 == 0:
+            logger.info("DOMINO draft policy: %s", self.policy.describe())
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=next_token_ids,
+            accept_lens=commit.to(torch.int32),
+            can_run_cuda_graph=False,
+            next_draft_input=DominoDraftInput(),
+            speculative_num_draft_tokens=width,
+            new_seq_lens=new_seq_lens,
+        )
+
     def _forward_decode(self, batch, on_publish):
         from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
 
@@ -208,6 +251,8 @@ class DominoWorker(BaseSpecWorker):
         t_start = time.perf_counter()
         width = self.policy.width(bs)
         n = width - 1
+        if width == 1 and not batch.return_logprob:
+            return self._plain_step(batch, seq_lens, seq_lens_cpu, bonus, on_publish, t_start)
 
         if n > 0:
             tokens, q = self._draft(batch, seq_lens, seq_lens_cpu, bonus, n, sampling_info, all_greedy)
@@ -269,15 +314,4 @@ class DominoWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(new_seq_lens)
         self.policy.record(bs, width, int(commit.sum()), time.perf_counter() - t_start)
-        self.steps += 1
-        if self.steps % 2000 == 0:
-            logger.info("DOMINO draft policy: %s", self.policy.describe())
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=out_tokens.reshape(-1),
-            accept_lens=commit.to(torch.int32),
-            can_run_cuda_graph=False,
-            next_draft_input=DominoDraftInput(),
-            speculative_num_draft_tokens=width,
-            new_seq_lens=new_seq_lens,
-        )
+        return self._result(logits_output, out_tokens.reshape(-1), commit, width, new_seq_lens)
