@@ -2,30 +2,44 @@
 # How drafters/smollm2-domino-b16 and its same-budget DFlash baseline were made, on a 2-core CPU:
 #   1. finish the regenerated ShareGPT data (resumes; skipped when complete),
 #   2. compute the target features once into a shared cache (one fp32 target forward per conversation),
-#   3. train the Domino curriculum and the lambda = 1 baseline side by side, one thread each, same steps,
-#      same data order, same seed: the only difference is the loss.
+#   3. stage 1: train the Domino curriculum and the lambda = 1 baseline side by side, one thread each, same
+#      steps, same data order, same seed: the only difference is the loss (1000 prompts, seed-0 data);
+#   4. stage 2: continue each from its stage-1 export on the seed-0 and seed-1 data together (2400 prompts;
+#      the held-out conversations stay those of stage 1), Domino at lambda = 0 (where its curriculum ended),
+#      the baseline at lambda = 1; again same steps, order and seed.
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
-#   STEPS=2600 bash launch/train_smollm2.sh   (the committed run)
-# Rerunning resumes both runs from runs/*/checkpoint.pt.
+#   bash launch/train_smollm2.sh   (the committed run; STEPS1/STEPS2 change the stage lengths)
+# Rerunning resumes every run from runs/*/checkpoint.pt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-STEPS=${STEPS:-2600}
-STOP=${STOP:-$STEPS}
+STEPS1=${STEPS1:-2600}
+STEPS2=${STEPS2:-2400}
 FEATURES=runs/features-smollm2
-COMMON=(--threads 1 --max-steps "$STEPS" --stop-after-steps "$STOP" --loss-vocab data --init-layers target --feature-dtype float32 --features-dir "$FEATURES"
+DATA1=data/sharegpt-smollm2
+DATA2=data/sharegpt-smollm2-s1
+COMMON=(--threads 1 --loss-vocab data --feature-dtype float32 --features-dir "$FEATURES"
         --eval-every 100 --ckpt-every 50 --no-progress)
 
 if [ -n "${GEN_DATA:-}" ]; then
-  $PY -m sglang_domino.train gen-data --threads 2
+  $PY -m sglang_domino.train gen-data --threads 2 --out $DATA1 --num-prompts 1000 --seed 0 --dtype bfloat16
+  $PY -m sglang_domino.train gen-data --threads 2 --out $DATA2 --num-prompts 1600 --seed 1 --dtype float32
 fi
 mkdir -p runs
-# Features first (2 threads), so the two runs below do not both compute them.
-$PY -m sglang_domino.train train --threads 2 --feature-dtype float32 --features-dir "$FEATURES" \
+# Features first (2 threads), so the runs below do not both compute them.
+$PY -m sglang_domino.train train --threads 2 --feature-dtype float32 --features-dir "$FEATURES" --data $DATA1 $DATA2 \
     --run-dir runs/features-only --out runs/features-only/export --stop-after-steps 0
 
-$PY -m sglang_domino.train train "${COMMON[@]}" --run-dir runs/smollm2-domino-b16 \
-    --out drafters/smollm2-domino-b16 > runs/smollm2-domino-b16.log 2>&1 &
-$PY -m sglang_domino.train train "${COMMON[@]}" --lambda-const 1.0 --run-dir runs/smollm2-dflash-b16 \
-    --out drafters/smollm2-dflash-b16 > runs/smollm2-dflash-b16.log 2>&1 &
+stage1() {  # name, extra args
+  $PY -m sglang_domino.train train "${COMMON[@]}" --data $DATA1 --max-steps "$STEPS1" --init-layers target \
+      --run-dir "runs/smollm2-$1-b16-stage1" --out "runs/smollm2-$1-b16-stage1/export" "${@:2}" \
+      > "runs/smollm2-$1-b16-stage1.log" 2>&1
+}
+stage2() {  # name, extra args
+  $PY -m sglang_domino.train train "${COMMON[@]}" --data $DATA1 $DATA2 --max-steps "$STEPS2" --lr 6e-4 \
+      --init-from "runs/smollm2-$1-b16-stage1/export" \
+      --run-dir "runs/smollm2-$1-b16" --out "drafters/smollm2-$1-b16" "${@:2}" > "runs/smollm2-$1-b16.log" 2>&1
+}
+(stage1 domino && stage2 domino --lambda-const 0) &
+(stage1 dflash --lambda-const 1 && stage2 dflash --lambda-const 1) &
 wait

@@ -304,6 +304,26 @@ def test_features_precomputed_once_and_shared(target, tmp_path, monkeypatch):
     assert second.step == 2
 
 
+def test_more_data_folders_keep_the_split_and_use_each_prompt_once(target, tmp_path):
+    def folder(name, exs):
+        (tmp_path / name / "shards").mkdir(parents=True)
+        torch.save(exs, tmp_path / name / "shards" / "shard_00000.pt")
+        return str(tmp_path / name)
+
+    first = make_examples(20, seed=0)
+    second = [dict(e, id=f"b{e['id']}") for e in make_examples(16, prompt_len=9, seed=5)]  # other prompts
+    repeat = dict(first[3], input_ids=first[3]["input_ids"].clone(), id="again")
+    repeat["input_ids"][-1] = 59  # same prompt, another answer: used once (the first folder's)
+    one = Trainer(small_cfg(tmp_path / "one", data=folder("a", first)), target=target)
+    both = Trainer(small_cfg(tmp_path / "two", data=[folder("a2", first), folder("b", second + [repeat])]),
+                   target=target)
+    assert [e["id"] for e in both.val] == [e["id"] for e in one.val]  # held-out split from the first folder
+    train_ids = [e["id"] for e in both.train_set]
+    assert train_ids[:len(one.train_set)] == [e["id"] for e in one.train_set]
+    assert len(train_ids) == len(one.train_set) + len(second) and "again" not in train_ids
+    assert both.data_fingerprint != one.data_fingerprint
+
+
 # -- training --------------------------------------------------------------------------------------
 def test_short_run_lowers_loss(target, tmp_path):
     exs = make_examples(40, length=40)
@@ -374,6 +394,18 @@ def test_export_loads_and_sglang_parses(target, tmp_path):
     assert parsed.gru_hidden_dim == 16 and parsed.emb_dim == 16
     assert parsed.pure_draft_prefix_len == 1 and parsed.shift_label is True
     assert "step 3 / 3" in (out / "README.md").read_text()
+
+
+def test_init_from_continues_an_export_and_quotes_its_card(target, tmp_path):
+    first = Trainer(small_cfg(tmp_path / "a", max_steps=3), target=target, examples=make_examples(24))
+    first.run()
+    second = Trainer(small_cfg(tmp_path / "b", max_steps=2, init_from=str(tmp_path / "a" / "out")), target=target,
+                     examples=make_examples(24))
+    for k, v in first.drafter.state_dict().items():
+        assert torch.equal(second.drafter.state_dict()[k], v.to(torch.bfloat16).float()), k
+    second.run()
+    card = (tmp_path / "b" / "out" / "README.md").read_text()
+    assert "step 2 / 2" in card and "> - Status: **complete**: step 3 / 3" in card
 
 
 def test_lambda_one_is_plain_dflash(target, tmp_path):

@@ -10,6 +10,9 @@ Pipeline (``gen-data``):
    the prompts); every batch is one shard ``shards/shard_XXXXX.pt`` written atomically, so a rerun skips
    finished shards. Each example is stored as token ids (prompt + response) and ``prompt_len``; the loss
    mask is the response part (``positions >= prompt_len``).
+
+Training can read several such folders (e.g. made with other ``--seed`` values); a prompt that occurs in
+more than one is used once (``load_more_examples``).
 """
 
 from __future__ import annotations
@@ -242,6 +245,23 @@ def load_examples(data_dir: str | Path, min_response_tokens: int = 2) -> list[di
             if len(ex["input_ids"]) - ex["prompt_len"] >= min_response_tokens:
                 examples.append(ex)
     return examples
+
+
+def prompt_key(example: dict) -> tuple[int, ...]:
+    """The prompt's token ids: the same ShareGPT prompt in two datasets has the same key."""
+    return tuple(example["input_ids"][:example["prompt_len"]].tolist())
+
+
+def load_more_examples(data_dirs: list[str | Path], seen: list[dict]) -> list[dict]:
+    """Examples of further gen-data folders whose prompts are in neither ``seen`` nor an earlier folder."""
+    keys = {prompt_key(e) for e in seen}
+    out = []
+    for data_dir in data_dirs:
+        for ex in load_examples(data_dir):
+            if prompt_key(ex) not in keys:
+                keys.add(prompt_key(ex))
+                out.append(ex)
+    return out
 
 
 def dataset_stats(examples: list[dict]) -> dict:
