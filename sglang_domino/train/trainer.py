@@ -489,7 +489,7 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
   {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {self.total_steps} steps
   ({self.total_steps / self.steps_per_epoch:.1f} epochs of {self.steps_per_epoch} steps), seed {cfg.seed},
   compute dtype {str(self.dtype).removeprefix('torch.')}, target features computed in {str(self.feature_dtype).removeprefix('torch.')}
-- Command: `{" ".join(shlex.quote(a) for a in sys.argv)}` (rerun to resume from `{cfg.run_dir}/{CHECKPOINT}`)
+- Command: `{_command_line()}` (rerun to resume from `{cfg.run_dir}/{CHECKPOINT}`)
 - Last validation (teacher-forced; `val_accept_greedy` = mean tokens per step greedy verification would commit on
   greedy held-out data, bonus included): {json.dumps(last_eval)}
 """ + self._init_card()
@@ -501,6 +501,19 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
             return ""
         quoted = "".join(f"> {line}".rstrip() + "\n" for line in card.read_text().splitlines())
         return f"\n## Initialised from `{self.cfg.init_from}`, whose card reads\n\n{quoted}"
+
+
+def _command_line() -> str:
+    """This process's command, with ``python -m`` entry points shown as typed (argv[0] is then a file path)."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith("__main__.py"):
+        pkg = Path(argv[0]).resolve().parent
+        parts = [pkg.name]
+        while (pkg.parent / "__init__.py").exists():
+            pkg = pkg.parent
+            parts.insert(0, pkg.name)
+        argv[0] = "python -m " + ".".join(parts)
+    return " ".join([argv[0]] + [shlex.quote(a) for a in argv[1:]]) if argv else ""
 
 
 # -- CLI ------------------------------------------------------------------------------------------------
