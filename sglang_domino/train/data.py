@@ -258,8 +258,9 @@ def load_more_examples(data_dirs: list[str | Path], seen: list[dict]) -> list[di
     out = []
     for data_dir in data_dirs:
         for ex in load_examples(data_dir):
-            if prompt_key(ex) not in keys:
-                keys.add(prompt_key(ex))
+            key = prompt_key(ex)
+            if key not in keys:
+                keys.add(key)
                 out.append(ex)
     return out
 

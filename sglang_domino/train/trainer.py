@@ -495,8 +495,8 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
 
     def _init_card(self) -> str:
         """The card of the drafter this run started from (``--init-from``), quoted, so the card tells all stages."""
-        card = Path(self.cfg.init_from or "") / "README.md"
-        if not self.cfg.init_from or not card.exists():
+        card = Path(self.cfg.init_from) / "README.md" if self.cfg.init_from else None
+        if card is None or not card.exists():
             return ""
         quoted = "".join(f"> {line}".rstrip() + "\n" for line in card.read_text().splitlines())
         return f"\n## Initialised from `{self.cfg.init_from}`, whose card reads\n\n{quoted}"
