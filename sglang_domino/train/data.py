@@ -11,8 +11,8 @@ Pipeline (``gen-data``):
    finished shards. Each example is stored as token ids (prompt + response) and ``prompt_len``; the loss
    mask is the response part (``positions >= prompt_len``).
 
-Training can read several such folders (e.g. made with other ``--seed`` values); a prompt that occurs in
-more than one is used once (``load_more_examples``).
+Training can read several such folders (e.g. made with other ``--seed`` values, or by ``relabel-data``,
+``relabel.py``); a prompt that occurs in more than one is used once (``load_more_examples``).
 """
 
 from __future__ import annotations
@@ -134,10 +134,44 @@ def select_prompts(tokenizer, cfg: GenConfig, source: str | Path | None = None) 
     return chosen
 
 
-def _atomic_save(obj, path: Path) -> None:
+def atomic_save(obj, path: Path) -> None:
+    """torch.save that never leaves a half-written file at ``path``."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def shard_path(out: Path, k: int) -> Path:
+    return out / SHARDS / f"shard_{k:05d}.pt"
+
+
+def open_dataset(out_dir: str | Path, key: dict, kind: str) -> Path:
+    """Create the dataset folder ``out_dir``, or check that it holds data made with the same settings."""
+    out = Path(out_dir)
+    (out / SHARDS).mkdir(parents=True, exist_ok=True)
+    meta_file = out / META
+    if meta_file.exists():
+        old = json.loads(meta_file.read_text())
+        if old.get("config") != key:
+            raise ValueError(f"{out} holds data made with other settings ({old.get('config')}); "
+                             f"use another --out or delete it")
+    else:
+        meta_file.write_text(json.dumps({"config": key, "kind": kind, "status": "started"}, indent=2) + "\n")
+    return out
+
+
+def close_dataset(out: Path, num_shards: int) -> None:
+    """Record in meta.json how many of the dataset's ``num_shards`` shards exist."""
+    done = sum(shard_path(out, k).exists() for k in range(num_shards))
+    meta = json.loads((out / META).read_text())
+    meta.update(status="complete" if done == num_shards else "partial", shards_done=done, shards_total=num_shards)
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The ids that end a response: the generation config's EOS id(s) and the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    return sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None})
 
 
 def _batches(prompts: list[dict], batch_size: int, seed: int) -> list[list[dict]]:
@@ -187,17 +221,7 @@ def generate_dataset(cfg: GenConfig, out_dir: str | Path, source: str | Path | N
     """Create or resume the dataset at ``out_dir``. Returns ``out_dir``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = Path(out_dir)
-    (out / SHARDS).mkdir(parents=True, exist_ok=True)
-    meta_file = out / META
-    if meta_file.exists():
-        old = json.loads(meta_file.read_text())
-        if old.get("config") != cfg.key():
-            raise ValueError(f"{out} holds data made with other settings ({old.get('config')}); "
-                             f"use another --out or delete it")
-    else:
-        meta_file.write_text(json.dumps({"config": cfg.key(), "status": "generating"}, indent=2) + "\n")
-
+    out = open_dataset(out_dir, cfg.key(), "regenerated")
     tokenizer = AutoTokenizer.from_pretrained(cfg.target)
     prompts_file = out / PROMPTS
     if prompts_file.exists():
@@ -208,14 +232,13 @@ def generate_dataset(cfg: GenConfig, out_dir: str | Path, source: str | Path | N
         tmp.write_text("".join(json.dumps(p) + "\n" for p in prompts))
         os.replace(tmp, prompts_file)
     batches = _batches(prompts, cfg.batch_size, cfg.seed)
-    todo = [k for k in range(len(batches)) if not (out / SHARDS / f"shard_{k:05d}.pt").exists()]
+    todo = [k for k in range(len(batches)) if not shard_path(out, k).exists()]
     if max_shards is not None:
         todo = todo[:max_shards]
     if todo:
         model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=getattr(torch, cfg.dtype)).eval()
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos = model.generation_config.eos_token_id
-        eos_ids = sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None})
+        eos_ids = eos_token_ids(model, tokenizer)
         from tqdm import tqdm
 
         bar = tqdm(todo, desc="gen-data", unit="batch", disable=not progress, dynamic_ncols=True)
@@ -223,14 +246,10 @@ def generate_dataset(cfg: GenConfig, out_dir: str | Path, source: str | Path | N
         start = time.time()
         for k in bar:
             examples = generate_batch(model, batches[k], cfg, pad_id, eos_ids, seed=cfg.seed * 100_003 + k)
-            _atomic_save(examples, out / SHARDS / f"shard_{k:05d}.pt")
+            atomic_save(examples, shard_path(out, k))
             tokens += sum(len(e["input_ids"]) - e["prompt_len"] for e in examples)
             bar.set_postfix(resp_tok_s=f"{tokens / (time.time() - start):.1f}")
-    done = sum((out / SHARDS / f"shard_{k:05d}.pt").exists() for k in range(len(batches)))
-    meta = json.loads(meta_file.read_text())
-    meta.update(status="complete" if done == len(batches) else "partial", shards_done=done,
-                shards_total=len(batches))
-    meta_file.write_text(json.dumps(meta, indent=2) + "\n")
+    close_dataset(out, len(batches))
     return out
 
 
@@ -274,4 +293,5 @@ def dataset_stats(examples: list[dict]) -> dict:
         "mean_response_tokens": round(sum(resp) / max(1, len(resp)), 1),
         "finished_fraction": round(sum(bool(e.get("finished")) for e in examples) / max(1, len(examples)), 3),
         "sampled_fraction": round(sum(bool(e.get("sampled")) for e in examples) / max(1, len(examples)), 3),
+        "relabelled": sum("labels" in e for e in examples),
     }

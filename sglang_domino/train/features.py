@@ -7,6 +7,9 @@ is the output of decoder layer i. The target is causal, so the feature of positi
 
 Features are rounded to ``store_dtype`` (bfloat16) whether they come fresh or from the on-disk cache,
 so a resumed run sees bit-identical inputs.
+
+``labelled`` runs the whole causal LM instead of its body: the same features (cached on the way) and the
+target's greedy next token after every position, for ``relabel.py``.
 """
 
 from __future__ import annotations
@@ -48,22 +51,37 @@ class FeatureExtractor:
     def cached(self, ids: torch.Tensor) -> bool:
         return self._cached_path(self._key(ids)) is not None
 
+    def _forward(self, ids: torch.Tensor, with_logits: bool):
+        """One target forward over a 1-D token tensor -> (features [T, K*H] in store_dtype, logits [T, V] or None)."""
+        device = next(self.target.parameters()).device
+        x = ids.long().to(device)[None]
+        ctx = (torch.autocast(device.type, dtype=self.compute_dtype) if self.compute_dtype is not None
+               and self.compute_dtype != next(self.target.parameters()).dtype else _null())
+        with ctx:
+            model = self.target if with_logits else target_body(self.target)
+            res = model(input_ids=x, output_hidden_states=True, use_cache=False)
+        feats = torch.cat([res.hidden_states[i + 1][0] for i in self.layer_ids], -1)
+        return feats.to(self.store_dtype).cpu(), (res.logits[0] if with_logits else None)
+
     @torch.no_grad()
     def compute(self, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Fresh features for a list of 1-D token tensors -> list of [T_i, K*H] (store_dtype)."""
-        body = target_body(self.target)
-        device = next(self.target.parameters()).device
-        out = []
-        for ids in seqs:  # one sequence per forward: no padding, identical results batched or not
-            x = ids.long().to(device)[None]
-            ctx = (torch.autocast(device.type, dtype=self.compute_dtype) if self.compute_dtype is not None
-                   and self.compute_dtype != next(self.target.parameters()).dtype else _null())
-            with ctx:
-                res = body(input_ids=x, output_hidden_states=True, use_cache=False)
-            hs = res.hidden_states
-            feats = torch.cat([hs[i + 1][0] for i in self.layer_ids], -1)
-            out.append(feats.to(self.store_dtype).cpu())
-        return out
+        # one sequence per forward: no padding, identical results batched or not
+        return [self._forward(ids, with_logits=False)[0] for ids in seqs]
+
+    @torch.no_grad()
+    def labelled(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's greedy next token after every position of ``ids`` [T] -> [T] (int32), from the same
+        forward that gives the features, which are cached on the way (when there is a cache)."""
+        feats, logits = self._forward(ids, with_logits=True)
+        self._store(self._key(ids), feats)
+        return logits.argmax(-1).to(torch.int32).cpu()
+
+    def _store(self, key: str, feats: torch.Tensor) -> None:
+        if self.cache_dir is not None:
+            tmp = self.cache_dir / f"{key}.pt.tmp"
+            torch.save(feats.clone(), tmp)
+            os.replace(tmp, self.cache_dir / f"{key}.pt")
 
     def __call__(self, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
         keys = [self._key(s) for s in seqs]
@@ -79,10 +97,7 @@ class FeatureExtractor:
             fresh = self.compute([seqs[i] for i in missing])
             for i, f in zip(missing, fresh):
                 result[i] = f
-                if self.cache_dir is not None:
-                    tmp = self.cache_dir / f"{keys[i]}.pt.tmp"
-                    torch.save(f.clone(), tmp)
-                    os.replace(tmp, self.cache_dir / f"{keys[i]}.pt")
+                self._store(keys[i], f)
         return result  # type: ignore[return-value]
 
 

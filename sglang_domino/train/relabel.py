@@ -1,0 +1,125 @@
+"""Relabelled data: ShareGPT's own answers, each position labelled with the target's greedy next token.
+
+``gen-data`` makes the target write every response (~50 response tokens/s on 2 CPU cores). This makes
+data ~5x faster (response tokens per second) from one teacher-forced target forward per conversation: the sequence is the prompt and
+ShareGPT's first answer, ``labels[t]`` is the target's argmax after ``x_0 .. x_t``, and the same forward
+fills the feature cache that training reads.
+
+The labels keep the objective exact. A block anchored at ``a`` must predict the target's greedy chain from
+``x_0 .. x_a``; its i-th label ``labels[a+i]`` is that chain's i-th token as long as ``x_{a+1} .. x_{a+i}``
+are the chain's earlier tokens (``x_{a+j} == labels[a+j-1]``), and ``anchors.build_blocks`` ignores every
+position after the answer first leaves the chain. Position 1 is always exact; later positions count
+where the human-written answer happens to follow the target.
+
+Examples have the ``gen-data`` layout plus ``labels`` (int32, one per token), written in resumable shards.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .data import (atomic_save, close_dataset, eos_token_ids, iter_sharegpt_records, open_dataset, shard_path,
+                   sharegpt_path)
+
+
+@dataclass
+class RelabelConfig:
+    target: str
+    num_conversations: int = 4000
+    max_prompt_tokens: int = 256
+    max_response_tokens: int = 384
+    shard_size: int = 32
+    seed: int = 0
+    dtype: str = "float32"
+
+    def key(self) -> dict:
+        """Fields that change the data (the cache refuses to mix them)."""
+        d = asdict(self)
+        d.pop("shard_size")
+        d["target"] = str(Path(self.target).resolve())
+        return d
+
+
+def first_exchange(record: dict) -> tuple[str, str] | None:
+    """(first human turn, the answer to it), both non-empty, or None."""
+    turns = record.get("conversations") or []
+    if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
+        return None
+    q, a = (turns[0].get("value") or "").strip(), (turns[1].get("value") or "").strip()
+    return (q, a) if q and a else None
+
+
+def tokenize_exchange(tokenizer, question: str, answer: str, eos_ids: list[int], cfg: RelabelConfig) -> dict | None:
+    """Templated prompt + answer (ending at the first EOS, cut at max_response_tokens) as one example."""
+    user = {"role": "user", "content": question}
+    prompt = tokenizer.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template([user, {"role": "assistant", "content": answer}], tokenize=False)
+    if not full.startswith(prompt):
+        raise ValueError("the chat template does not render the prompt as a prefix of the conversation")
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(full[len(prompt):], add_special_tokens=False)["input_ids"]
+    if len(prompt_ids) > cfg.max_prompt_tokens:
+        return None
+    end = next((j + 1 for j, t in enumerate(answer_ids) if t in eos_ids), len(answer_ids))
+    finished = end <= cfg.max_response_tokens
+    answer_ids = answer_ids[:min(end, cfg.max_response_tokens)]
+    if len(answer_ids) < 2:
+        return None
+    return {"prompt_len": len(prompt_ids), "input_ids": torch.tensor(prompt_ids + answer_ids, dtype=torch.int32),
+            "finished": finished, "sampled": False}
+
+
+def select_exchanges(tokenizer, cfg: RelabelConfig, eos_ids: list[int], source: str | Path | None = None) -> list[dict]:
+    """A seeded sample of ``num_conversations`` tokenized first exchanges (distinct questions)."""
+    records = []
+    seen = set()
+    for record in iter_sharegpt_records(source or sharegpt_path()):
+        pair = first_exchange(record)
+        if pair is not None and pair[0] not in seen:
+            seen.add(pair[0])
+            records.append((str(record.get("id", len(records))), *pair))
+    random.Random(cfg.seed).shuffle(records)
+    chosen = []
+    for rid, q, a in records:
+        ex = tokenize_exchange(tokenizer, q, a, eos_ids, cfg)
+        if ex is not None:
+            chosen.append({"id": rid, **ex})
+            if len(chosen) >= cfg.num_conversations:
+                break
+    return chosen
+
+
+def relabel_dataset(cfg: RelabelConfig, out_dir: str | Path, features_dir: str | Path | None = None,
+                    target_layer_ids: list[int] | None = None, source: str | Path | None = None,
+                    progress: bool = True) -> Path:
+    """Create or resume the relabelled dataset at ``out_dir``; with ``features_dir`` and ``target_layer_ids``
+    the target features of every conversation land in that cache (as ``train --features-dir`` reads it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .features import FeatureExtractor
+
+    out = open_dataset(out_dir, cfg.key(), "relabelled")
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target)
+    model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=getattr(torch, cfg.dtype)).eval()
+    examples = select_exchanges(tokenizer, cfg, eos_token_ids(model, tokenizer), source)
+    shards = [examples[i:i + cfg.shard_size] for i in range(0, len(examples), cfg.shard_size)]
+    todo = [k for k in range(len(shards)) if not shard_path(out, k).exists()]
+    use_cache = features_dir is not None and target_layer_ids
+    extractor = FeatureExtractor(model, target_layer_ids or [0], cache_dir=features_dir if use_cache else None,
+                                 compute_dtype=getattr(torch, cfg.dtype))
+    from tqdm import tqdm
+
+    bar = tqdm(todo, desc="relabel", unit="shard", disable=not progress, dynamic_ncols=True)
+    tokens, start = 0, time.time()
+    for k in bar:
+        shard = [dict(ex, labels=extractor.labelled(ex["input_ids"])) for ex in shards[k]]
+        atomic_save(shard, shard_path(out, k))
+        tokens += sum(len(ex["input_ids"]) for ex in shard)
+        bar.set_postfix(tok_s=f"{tokens / (time.time() - start):.0f}")
+    close_dataset(out, len(shards))
+    return out
