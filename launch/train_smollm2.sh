@@ -6,7 +6,10 @@
 #      steps, same data order, same seed: the only difference is the loss (1000 prompts, seed-0 data);
 #   4. stage 2: continue each from its stage-1 export on the seed-0 and seed-1 data together (2400 prompts;
 #      the held-out conversations stay those of stage 1), Domino at lambda = 0 (where its curriculum ended),
-#      the baseline at lambda = 1; again same steps, order and seed.
+#      the baseline at lambda = 1; again same steps, order and seed;
+#   5. stage 3: continue from the stage-2 exports with two more sources: the first 768 prompts of a seed-2
+#      gen-data set (48 of its 100 shards) and 1152 relabelled ShareGPT answers (relabel-data, which also
+#      fills the feature cache).
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
 #   bash launch/train_smollm2.sh   (the committed run; STEPS1/STEPS2 change the stage lengths)
 # Rerunning resumes every run from runs/*/checkpoint.pt.
@@ -15,20 +18,26 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 STEPS1=${STEPS1:-2600}
 STEPS2=${STEPS2:-2400}
+STEPS3=${STEPS3:-1600}
 FEATURES=runs/features-smollm2
 DATA1=data/sharegpt-smollm2
 DATA2=data/sharegpt-smollm2-s1
+DATA3=data/sharegpt-smollm2-s2
+DATA4=data/sharegpt-smollm2-relabelled
 COMMON=(--threads 1 --loss-vocab data --feature-dtype float32 --features-dir "$FEATURES"
         --eval-every 100 --ckpt-every 50 --no-progress)
 
 if [ -n "${GEN_DATA:-}" ]; then
   $PY -m sglang_domino.train gen-data --threads 2 --out $DATA1 --num-prompts 1000 --seed 0 --dtype bfloat16
   $PY -m sglang_domino.train gen-data --threads 2 --out $DATA2 --num-prompts 1600 --seed 1 --dtype float32
+  $PY -m sglang_domino.train gen-data --threads 2 --out $DATA3 --num-prompts 1600 --seed 2 --dtype float32 --max-shards 48
 fi
 mkdir -p runs
-# Features first (2 threads), so the runs below do not both compute them.
-$PY -m sglang_domino.train train --threads 2 --feature-dtype float32 --features-dir "$FEATURES" --data $DATA1 $DATA2 \
-    --run-dir runs/features-only --out runs/features-only/export --stop-after-steps 0
+# Features first (2 threads), so the runs below do not both compute them; relabel-data fills them as it goes.
+$PY -m sglang_domino.train relabel-data --threads 2 --out $DATA4 --num-conversations 1152 \
+    --features-dir "$FEATURES" --target-layer-ids 1 10 18 27 --no-progress
+$PY -m sglang_domino.train train --threads 2 --feature-dtype float32 --features-dir "$FEATURES" \
+    --data $DATA1 $DATA2 $DATA3 --run-dir runs/features-only --out runs/features-only/export --stop-after-steps 0
 
 stage1() {  # name, extra args
   $PY -m sglang_domino.train train "${COMMON[@]}" --data $DATA1 --max-steps "$STEPS1" --init-layers target \
@@ -38,8 +47,14 @@ stage1() {  # name, extra args
 stage2() {  # name, extra args
   $PY -m sglang_domino.train train "${COMMON[@]}" --data $DATA1 $DATA2 --max-steps "$STEPS2" --lr 6e-4 \
       --init-from "runs/smollm2-$1-b16-stage1/export" \
+      --run-dir "runs/smollm2-$1-b16-stage2" --out "runs/smollm2-$1-b16-stage2/export" "${@:2}" \
+      > "runs/smollm2-$1-b16-stage2.log" 2>&1
+}
+stage3() {  # name, extra args
+  $PY -m sglang_domino.train train "${COMMON[@]}" --data $DATA1 $DATA2 $DATA3 $DATA4 --max-steps "$STEPS3" --lr 4e-4 \
+      --init-from "runs/smollm2-$1-b16-stage2/export" \
       --run-dir "runs/smollm2-$1-b16" --out "drafters/smollm2-$1-b16" "${@:2}" > "runs/smollm2-$1-b16.log" 2>&1
 }
-(stage1 domino && stage2 domino --lambda-const 0) &
-(stage1 dflash --lambda-const 1 && stage2 dflash --lambda-const 1) &
+(stage1 domino && stage2 domino --lambda-const 0 && stage3 domino --lambda-const 0) &
+(stage1 dflash --lambda-const 1 && stage2 dflash --lambda-const 1 && stage3 dflash --lambda-const 1) &
 wait
