@@ -11,7 +11,7 @@
 #      gen-data set (48 of its 100 shards) and 1152 relabelled ShareGPT answers (relabel-data, which also
 #      fills the feature cache).
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
-#   bash launch/train_smollm2.sh   (the committed run; STEPS1/STEPS2 change the stage lengths)
+#   bash launch/train_smollm2.sh   (the committed run; STEPS1/2/3 change the stage lengths)
 # Rerunning resumes every run from runs/*/checkpoint.pt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
