@@ -94,11 +94,17 @@ class GenConfig:
     dtype: str = "float32"
 
     def key(self) -> dict:
-        """Fields that change the data (the cache refuses to mix them)."""
-        d = asdict(self)
-        d.pop("batch_size")
-        d["target"] = str(Path(self.target).resolve())
-        return d
+        return settings_key(self, "batch_size")
+
+
+def settings_key(cfg, *runtime: str) -> dict:
+    """A data config's fields that change the data (a dataset folder refuses to mix them): all but the
+    ``runtime`` ones, with the target's path made absolute."""
+    d = asdict(cfg)
+    for name in runtime:
+        d.pop(name)
+    d["target"] = str(Path(cfg.target).resolve())
+    return d
 
 
 def select_prompts(tokenizer, cfg: GenConfig, source: str | Path | None = None) -> list[dict]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .data import (atomic_save, close_dataset, eos_token_ids, iter_sharegpt_records, open_dataset, shard_path,
-                   sharegpt_path)
+from .data import (atomic_save, close_dataset, eos_token_ids, iter_sharegpt_records, open_dataset, settings_key,
+                   shard_path, sharegpt_path)
 
 
 @dataclass
@@ -38,11 +38,7 @@ class RelabelConfig:
     dtype: str = "float32"
 
     def key(self) -> dict:
-        """Fields that change the data (the cache refuses to mix them)."""
-        d = asdict(self)
-        d.pop("shard_size")
-        d["target"] = str(Path(self.target).resolve())
-        return d
+        return settings_key(self, "shard_size")
 
 
 def first_exchange(record: dict) -> tuple[str, str] | None:
