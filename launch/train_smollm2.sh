@@ -9,9 +9,11 @@
 #      the baseline at lambda = 1; again same steps, order and seed;
 #   5. stage 3: continue from the stage-2 exports with two more sources: the first 768 prompts of a seed-2
 #      gen-data set (48 of its 100 shards) and 1152 relabelled ShareGPT answers (relabel-data, which also
-#      fills the feature cache).
+#      fills the feature cache);
+#   6. stage 4: continue from the stage-3 exports with 2560 more relabelled answers (seed 1, questions
+#      already in the other folders excluded).
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
-#   bash launch/train_smollm2.sh   (the committed run; STEPS1/2/3 change the stage lengths)
+#   bash launch/train_smollm2.sh   (the committed run; STEPS1/2/3/4 change the stage lengths)
 # Rerunning resumes every run from runs/*/checkpoint.pt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +21,13 @@ PY=.venv/bin/python
 STEPS1=${STEPS1:-2600}
 STEPS2=${STEPS2:-2400}
 STEPS3=${STEPS3:-1600}
+STEPS4=${STEPS4:-1200}
 FEATURES=runs/features-smollm2
 DATA1=data/sharegpt-smollm2
 DATA2=data/sharegpt-smollm2-s1
 DATA3=data/sharegpt-smollm2-s2
 DATA4=data/sharegpt-smollm2-relabelled
+DATA5=data/sharegpt-smollm2-relabelled-s1
 COMMON=(--threads 1 --loss-vocab data --feature-dtype float32 --features-dir "$FEATURES"
         --eval-every 100 --ckpt-every 50 --no-progress)
 
@@ -36,6 +40,8 @@ mkdir -p runs
 # Features first (2 threads), so the runs below do not both compute them; relabel-data fills them as it goes.
 $PY -m sglang_domino.train relabel-data --threads 2 --out $DATA4 --num-conversations 1152 \
     --features-dir "$FEATURES" --target-layer-ids 1 10 18 27 --no-progress
+$PY -m sglang_domino.train relabel-data --threads 2 --out $DATA5 --num-conversations 2560 --seed 1 \
+    --exclude $DATA1 $DATA2 $DATA3 $DATA4 --features-dir "$FEATURES" --target-layer-ids 1 10 18 27 --no-progress
 $PY -m sglang_domino.train train --threads 2 --feature-dtype float32 --features-dir "$FEATURES" \
     --data $DATA1 $DATA2 $DATA3 --run-dir runs/features-only --out runs/features-only/export --stop-after-steps 0
 
@@ -53,8 +59,15 @@ stage2() {  # name, extra args
 stage3() {  # name, extra args
   $PY -m sglang_domino.train train "${COMMON[@]}" --data $DATA1 $DATA2 $DATA3 $DATA4 --max-steps "$STEPS3" --lr 4e-4 \
       --init-from "runs/smollm2-$1-b16-stage2/export" \
+      --run-dir "runs/smollm2-$1-b16-stage3" --out "runs/smollm2-$1-b16-stage3/export" "${@:2}" \
+      > "runs/smollm2-$1-b16-stage3.log" 2>&1
+}
+stage4() {  # name, extra args
+  $PY -m sglang_domino.train train "${COMMON[@]}" --data $DATA1 $DATA2 $DATA3 $DATA4 $DATA5 --max-steps "$STEPS4" \
+      --lr 3e-4 --init-from "runs/smollm2-$1-b16-stage3/export" \
       --run-dir "runs/smollm2-$1-b16" --out "drafters/smollm2-$1-b16" "${@:2}" > "runs/smollm2-$1-b16.log" 2>&1
 }
-(stage1 domino && stage2 domino --lambda-const 0 && stage3 domino --lambda-const 0) &
-(stage1 dflash --lambda-const 1 && stage2 dflash --lambda-const 1 && stage3 dflash --lambda-const 1) &
+(stage1 domino && stage2 domino --lambda-const 0 && stage3 domino --lambda-const 0 && stage4 domino --lambda-const 0) &
+(stage1 dflash --lambda-const 1 && stage2 dflash --lambda-const 1 && stage3 dflash --lambda-const 1 &&
+   stage4 dflash --lambda-const 1) &
 wait

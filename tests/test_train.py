@@ -523,10 +523,17 @@ def test_relabel_data_labels_each_position_with_the_target(tmp_path):
     cache = FeatureExtractor(target, [1, 10], cache_dir=tmp_path / "f", compute_dtype=torch.float32)
     assert cache.cached(long["input_ids"])
     assert json.loads((out / "meta.json").read_text())["status"] == "complete"
-    relabel_dataset(cfg, out, source=tmp_path / "s.json", progress=False)  # finished shards are kept
+    with pytest.MonkeyPatch.context() as mp:  # a rerun keeps the finished shards and never loads the target
+        mp.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+        relabel_dataset(cfg, out, source=tmp_path / "s.json", progress=False)
     assert sorted(e["id"] for e in load_examples(out)) == ["a", "c"]
     with pytest.raises(ValueError, match="other settings"):
         relabel_dataset(RelabelConfig(target=str(model_dir), num_conversations=5), out, source=tmp_path / "s.json")
+    recs.append(record("d", ("human", "Say hi."), ("gpt", "Hi!")))
+    (tmp_path / "s.json").write_text(json.dumps(recs))
+    more = relabel_dataset(RelabelConfig(target=str(model_dir), num_conversations=5, exclude=[str(out)]),
+                           tmp_path / "d2", source=tmp_path / "s.json", progress=False)
+    assert [e["id"] for e in load_examples(more)] == ["d"]  # a and c are in the excluded folder
 
 
 def test_cli_parsers():

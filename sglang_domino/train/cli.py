@@ -71,6 +71,8 @@ def add_relabel_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=32)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exclude", nargs="+", default=[], metavar="DATA_DIR",
+                   help="skip questions already in these data folders (training would use them once anyway)")
     p.add_argument("--features-dir", default=None,
                    help="also fill this feature cache (as train --features-dir reads it; needs --target-layer-ids)")
     p.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
@@ -90,7 +92,7 @@ def run_relabel_data(args) -> None:
     _threads(args.threads)
     cfg = RelabelConfig(target=args.target, num_conversations=args.num_conversations,
                         max_prompt_tokens=args.max_prompt_tokens, max_response_tokens=args.max_response_tokens,
-                        shard_size=args.shard_size, seed=args.seed, dtype=args.dtype)
+                        shard_size=args.shard_size, seed=args.seed, dtype=args.dtype, exclude=args.exclude)
     out = relabel_dataset(cfg, args.out, features_dir=args.features_dir, target_layer_ids=args.target_layer_ids,
                           source=args.source, progress=not args.no_progress)
     print(json.dumps({"data": str(out), **dataset_stats(load_examples(out))}))

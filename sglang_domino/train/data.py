@@ -174,9 +174,9 @@ def close_dataset(out: Path, num_shards: int) -> None:
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
+def eos_token_ids(generation_config, tokenizer) -> list[int]:
     """The ids that end a response: the generation config's EOS id(s) and the tokenizer's."""
-    eos = model.generation_config.eos_token_id
+    eos = generation_config.eos_token_id
     return sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None})
 
 
@@ -244,7 +244,7 @@ def generate_dataset(cfg: GenConfig, out_dir: str | Path, source: str | Path | N
     if todo:
         model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=getattr(torch, cfg.dtype)).eval()
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos_ids = eos_token_ids(model, tokenizer)
+        eos_ids = eos_token_ids(model.generation_config, tokenizer)
         from tqdm import tqdm
 
         bar = tqdm(todo, desc="gen-data", unit="batch", disable=not progress, dynamic_ncols=True)

@@ -12,19 +12,24 @@ position after the answer first leaves the chain. Position 1 is always exact; la
 where the human-written answer happens to follow the target.
 
 Examples have the ``gen-data`` layout plus ``labels`` (int32, one per token), written in resumable shards.
+The chosen exchanges are saved first (``exchanges.pt``), so a rerun resumes the same selection and loads
+the target only for missing shards. ``exclude`` skips questions already answered in other data folders
+(training uses a prompt once, so relabelling them again would be wasted).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .data import (atomic_save, close_dataset, eos_token_ids, iter_sharegpt_records, open_dataset, settings_key,
-                   shard_path, sharegpt_path)
+from .data import (atomic_save, close_dataset, eos_token_ids, iter_sharegpt_records, load_examples, open_dataset,
+                   prompt_key, settings_key, shard_path, sharegpt_path)
+
+EXCHANGES = "exchanges.pt"
 
 
 @dataclass
@@ -36,9 +41,13 @@ class RelabelConfig:
     shard_size: int = 32
     seed: int = 0
     dtype: str = "float32"
+    exclude: list[str] = field(default_factory=list)  # data folders whose questions are skipped
 
     def key(self) -> dict:
-        return settings_key(self, "shard_size")
+        key = settings_key(self, "shard_size", "exclude")
+        if self.exclude:  # absent when empty: folders made before the option existed still match
+            key["exclude"] = [str(Path(d).resolve()) for d in self.exclude]
+        return key
 
 
 def first_exchange(record: dict) -> tuple[str, str] | None:
@@ -71,7 +80,9 @@ def tokenize_exchange(tokenizer, question: str, answer: str, eos_ids: list[int],
 
 
 def select_exchanges(tokenizer, cfg: RelabelConfig, eos_ids: list[int], source: str | Path | None = None) -> list[dict]:
-    """A seeded sample of ``num_conversations`` tokenized first exchanges (distinct questions)."""
+    """A seeded sample of ``num_conversations`` tokenized first exchanges (distinct questions, none whose
+    templated prompt is in a ``cfg.exclude`` folder)."""
+    skip = {prompt_key(ex) for d in cfg.exclude for ex in load_examples(d, min_response_tokens=0)}
     records = []
     seen = set()
     for record in iter_sharegpt_records(source or sharegpt_path()):
@@ -83,7 +94,7 @@ def select_exchanges(tokenizer, cfg: RelabelConfig, eos_ids: list[int], source: 
     chosen = []
     for rid, q, a in records:
         ex = tokenize_exchange(tokenizer, q, a, eos_ids, cfg)
-        if ex is not None:
+        if ex is not None and prompt_key(ex) not in skip:
             chosen.append({"id": rid, **ex})
             if len(chosen) >= cfg.num_conversations:
                 break
@@ -95,16 +106,24 @@ def relabel_dataset(cfg: RelabelConfig, out_dir: str | Path, features_dir: str |
                     progress: bool = True) -> Path:
     """Create or resume the relabelled dataset at ``out_dir``; with ``features_dir`` and ``target_layer_ids``
     the target features of every conversation land in that cache (as ``train --features-dir`` reads it)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from .features import FeatureExtractor
 
     out = open_dataset(out_dir, cfg.key(), "relabelled")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target)
-    model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=getattr(torch, cfg.dtype)).eval()
-    examples = select_exchanges(tokenizer, cfg, eos_token_ids(model, tokenizer), source)
+    if (out / EXCHANGES).exists():
+        examples = torch.load(out / EXCHANGES, weights_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.target)
+        eos_ids = eos_token_ids(GenerationConfig.from_pretrained(cfg.target), tokenizer)
+        examples = select_exchanges(tokenizer, cfg, eos_ids, source)
+        atomic_save(examples, out / EXCHANGES)
     shards = [examples[i:i + cfg.shard_size] for i in range(0, len(examples), cfg.shard_size)]
     todo = [k for k in range(len(shards)) if not shard_path(out, k).exists()]
+    if not todo:
+        close_dataset(out, len(shards))
+        return out
+    model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=getattr(torch, cfg.dtype)).eval()
     use_cache = features_dir is not None and target_layer_ids
     extractor = FeatureExtractor(model, target_layer_ids or [0], cache_dir=features_dir if use_cache else None,
                                  compute_dtype=getattr(torch, cfg.dtype))
