@@ -36,6 +36,10 @@ def machine() -> dict:
     return info
 
 
+# environment that changes how fast a run is (threads); recorded when set
+SPEED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "SGLANG_CPU_OMP_THREADS_BIND")
+
+
 def run_info() -> dict:
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     return {
@@ -43,6 +47,7 @@ def run_info() -> dict:
         "commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else ""),
         "machine": machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "env": {k: os.environ[k] for k in SPEED_ENV if k in os.environ},
     }
 
 

@@ -10,6 +10,7 @@ accept length that SGLang reports in each response's meta_info.
 
     python bench/throughput.py --draft drafters/smollm2-domino --concurrency 1 2 4 8 16 32
     python bench/throughput.py --draft D --kinds baseline domino ngram --output-len 128 --requests 32
+    python bench/throughput.py --draft D --kinds baseline domino domino-w1 domino-w2   # fixed widths beside adaptive
 
 Writes bench/results/<name>.json and .csv (with command, git commit, machine, date) and a PNG.
 """
@@ -20,6 +21,7 @@ import argparse
 import concurrent.futures as cf
 import csv
 import json
+import re
 import signal
 import statistics
 import sys
@@ -125,13 +127,20 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     return path
 
 
+def server_kind(value: str) -> str:
+    """argparse type of --kinds: a preset name, or domino-wN (the domino preset drafting width N at every step)."""
+    if value in ("baseline", "domino", "domino-always", "ngram") or re.fullmatch(r"domino-w[1-9][0-9]*", value):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r}: expected baseline, domino, domino-always, domino-wN or ngram")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
     p.add_argument("--draft", help="Domino drafter checkpoint (required for the domino kind)")
-    p.add_argument("--kinds", nargs="+", default=["baseline", "domino"],
-                   choices=["baseline", "domino", "domino-always", "ngram"],
-                   help="domino: the default (adaptive) draft policy; domino-always: full width at every step")
+    p.add_argument("--kinds", nargs="+", type=server_kind, default=["baseline", "domino"],
+                   help="baseline | domino (the default adaptive draft policy) | domino-always (full width at "
+                        "every step) | domino-wN (width N at every step, e.g. domino-w2) | ngram")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--mtbench", type=int, default=16, help="MT-Bench first turns to use")
     p.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT prompts to use")
@@ -143,7 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-draft-tokens", type=int)
     p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers")
     p.add_argument("--draft-widths", type=int, nargs="+",
-                   help="candidate verify widths of the adaptive policy (default 1 4 8 and the full width)")
+                   help="candidate verify widths of the adaptive policy (default 1 2 4 8 and the full width)")
     p.add_argument("--name", default=None)
     p.add_argument("--server-args", default="", help="extra SGLang flags for every server (one string)")
     args = p.parse_args(argv)
@@ -180,8 +189,8 @@ def main(argv=None) -> int:
         flags += args.server_args.split()
         env = {}
         if preset == "domino":
-            env = policy_env("always" if kind == "domino-always" else "adaptive", args.max_draft_batch,
-                             args.draft_widths)
+            fixed = [int(kind[len("domino-w"):])] if kind.startswith("domino-w") else args.draft_widths
+            env = policy_env("adaptive" if kind == "domino" else "always", args.max_draft_batch, fixed)
         log = RESULTS / f"{name}-{kind}.log"
         server = Server(args.model, free_port(), flags, env=env, log_path=str(log))
         bar.set_postfix_str(f"starting {kind}")

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                    help="adaptive (default): per batch size, run the verify width (1 = plain step) measured fastest; "
                         "always: full width at every step")
     s.add_argument("--draft-widths", type=int, nargs="+",
-                   help="candidate verify widths of the adaptive policy (default 1 4 8 and the full width)")
+                   help="candidate verify widths of the adaptive policy (default 1 2 4 8 and the full width)")
     s.add_argument("--max-draft-batch", type=int,
                    help="never draft above this decode batch size (default 0 = no cap)")
     s.add_argument("--max-total-tokens", type=int)

@@ -14,7 +14,7 @@ almost nothing on exploration. Every width commits exactly the target's tokens, 
 speed, never output.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
-    SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 4, 8 and the full width)
+    SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
     SGLANG_DOMINO_MAX_DRAFT_BATCH  N > 0: never draft for decode batches larger than N (0 = no cap)
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 POLICY_ENV = "SGLANG_DOMINO_DRAFT_POLICY"
 MAX_DRAFT_BATCH_ENV = "SGLANG_DOMINO_MAX_DRAFT_BATCH"
 WIDTHS_ENV = "SGLANG_DOMINO_DRAFT_WIDTHS"
-DEFAULT_WIDTHS = (1, 4, 8)  # plus the full width
+DEFAULT_WIDTHS = (1, 2, 4, 8)  # plus the full width; 2 is the cheapest probe of whether drafting pays
 POLICIES = ("adaptive", "always")
 
 
