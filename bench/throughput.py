@@ -127,11 +127,16 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     return path
 
 
+KINDS = ("baseline", "baseline-sync", "domino", "domino-always", "ngram")
+
+
 def server_kind(value: str) -> str:
-    """argparse type of --kinds: a preset name, or domino-wN (the domino preset drafting width N at every step)."""
-    if value in ("baseline", "domino", "domino-always", "ngram") or re.fullmatch(r"domino-w[1-9][0-9]*", value):
+    """argparse type of --kinds: a preset name, baseline-sync (the baseline preset without overlap scheduling)
+    or domino-wN (the domino preset drafting width N at every step)."""
+    if value in KINDS or re.fullmatch(r"domino-w[1-9][0-9]*", value):
         return value
-    raise argparse.ArgumentTypeError(f"{value!r}: expected baseline, domino, domino-always, domino-wN or ngram")
+    raise argparse.ArgumentTypeError(
+        f"{value!r}: expected baseline, baseline-sync, domino, domino-always, domino-wN or ngram")
 
 
 def main(argv=None) -> int:
@@ -139,8 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
     p.add_argument("--draft", help="Domino drafter checkpoint (required for the domino kind)")
     p.add_argument("--kinds", nargs="+", type=server_kind, default=["baseline", "domino"],
-                   help="baseline | domino (the default adaptive draft policy) | domino-always (full width at "
-                        "every step) | domino-wN (width N at every step, e.g. domino-w2) | ngram")
+                   help="baseline | baseline-sync (without SGLang's overlap scheduling, which DOMINO turns off) | "
+                        "domino (the default adaptive draft policy) | domino-always (full width at every step) | "
+                        "domino-wN (width N at every step, e.g. domino-w2) | ngram")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--mtbench", type=int, default=16, help="MT-Bench first turns to use")
     p.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT prompts to use")
@@ -184,8 +190,9 @@ def main(argv=None) -> int:
     bar = tqdm(total=total_reqs, desc="requests", unit="req")
     rows, servers_info = [], {}
     for kind in args.kinds:
-        preset = "domino" if kind.startswith("domino") else kind
+        preset = "domino" if kind.startswith("domino") else "baseline" if kind.startswith("baseline") else kind
         flags = preset_args(preset, device=device, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
+        flags += ["--disable-overlap-schedule"] if kind == "baseline-sync" else []
         flags += args.server_args.split()
         env = {}
         if preset == "domino":

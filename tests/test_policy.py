@@ -103,3 +103,16 @@ def test_policy_env_is_what_from_env_reads(monkeypatch):
     assert p.mode == "always" and p.max_batch == 3 and p.widths == (1, 8)
     with pytest.raises(PolicyError, match="expected one of"):
         policy_env("never")
+
+
+def test_news_when_a_bucket_settles_or_its_fastest_changes():
+    policy = DraftPolicy("adaptive", widths=(1, 4))
+    simulate(policy, {1: {1: 20.0, 4: 30.0}}, 6)  # warm-up: 3 steps of each width
+    assert not policy.pop_news()
+    simulate(policy, {1: {1: 20.0, 4: 30.0}}, 1)
+    assert policy.pop_news() and not policy.pop_news()  # settled on width 4: reported once
+    assert "w4 30.0 tok/s -> w4" in policy.describe()
+    simulate(policy, {1: {1: 20.0, 4: 30.0}}, 100)
+    assert not policy.pop_news()  # the fastest stayed
+    simulate(policy, {1: {1: 20.0, 4: 5.0}}, 400)  # acceptance fell: width 1 takes over
+    assert policy.pop_news() and "-> w1" in policy.describe()

@@ -96,6 +96,7 @@ class _Bucket:
     interval: int = 0  # steps between explorations (doubles while the fastest width stays the same)
     next_explore: int = 0
     last_best: int = 0
+    shown: int = 0  # the fastest width when this bucket was last reported (0: never)
 
 
 class DraftPolicy:
@@ -109,6 +110,7 @@ class DraftPolicy:
         self.warmup, self.alpha = warmup, alpha
         self.explore_every, self.max_explore_every = explore_every, max(explore_every, max_explore_every)
         self.buckets: dict[int, _Bucket] = {}
+        self._news = False
 
     @classmethod
     def from_env(cls, full_width: int) -> "DraftPolicy":
@@ -133,6 +135,8 @@ class DraftPolicy:
         best = max(b.rate, key=b.rate.get) if b.rate else None
         if pending is not None and (not measured or (pending > measured[-1] and best == measured[-1])):
             return pending
+        if best != b.shown and b.count[best] >= self.warmup:  # a new fastest width, measured: worth a log line
+            b.shown, self._news = best, True
         if b.steps < b.next_explore:
             return best
         b.interval = min(2 * b.interval, self.max_explore_every) if best == b.last_best else self.explore_every
@@ -154,6 +158,11 @@ class DraftPolicy:
         b.rate[width] = rate if n == 0 else (1 - a) * b.rate[width] + a * rate
         b.count[width] = n + 1
 
+    def pop_news(self) -> bool:
+        """True once after a bucket finished its warm-up or its fastest width changed (time to log)."""
+        news, self._news = self._news, False
+        return news
+
     def describe(self) -> str:
         cap = f", batch cap {self.max_batch}" if self.max_batch else ""
         if self.mode == "always":
@@ -163,5 +172,6 @@ class DraftPolicy:
             b = self.buckets[k]
             lo, hi = 1 << (k - 1), (1 << k) - 1
             rates = ", ".join(f"w{w} {b.rate[w]:.1f}" for w in self.widths if w in b.rate)
-            parts.append(f"bs {lo}-{hi}: {rates} tok/s")
+            runs = f" -> w{b.shown}" if b.shown else ""
+            parts.append(f"bs {lo}-{hi}: {rates} tok/s{runs}")
         return f"adaptive over widths {list(self.widths)}{cap}; " + ("; ".join(parts) or "no steps yet")

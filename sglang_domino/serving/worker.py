@@ -235,7 +235,7 @@ class DominoWorker(BaseSpecWorker):
         bs = commit.shape[0]
         self.policy.record(bs, width, bs if width == 1 else int(commit.sum()), time.perf_counter() - t_start)
         self.steps += 1
-        if self.steps % 2000 == 0:
+        if self.policy.pop_news() or self.steps % 2000 == 0:
             logger.info("DOMINO draft policy: %s", self.policy.describe())
         return GenerationBatchResult(
             logits_output=logits_output,
