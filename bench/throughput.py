@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Serving throughput: plain decoding vs DOMINO (vs NGRAM) on real SGLang servers, one run.
 
-For each server kind (started here, one at a time, and stopped afterwards) and each concurrency
+For each server kind (started here, one at a time, and stopped afterwards; with --rounds R > 1 all at
+once, each level then run R times per server with the servers taking turns) and each concurrency
 level, a fixed set of prompts (MT-Bench first turns + held-out ShareGPT first turns, chat template
 applied by the server) is sent through /generate with streaming, a fixed output length
 (ignore_eos) and greedy decoding unless --temperature is given. Per level it records output tok/s,
@@ -10,7 +11,8 @@ accept length that SGLang reports in each response's meta_info.
 
     python bench/throughput.py --draft drafters/smollm2-domino --concurrency 1 2 4 8 16 32
     python bench/throughput.py --draft D --kinds baseline domino ngram --output-len 128 --requests 32
-    python bench/throughput.py --draft D --kinds baseline domino domino-w1 domino-w2   # fixed widths beside adaptive
+    python bench/throughput.py --draft D --kinds baseline domino domino-w1 domino-w2 --rounds 3
+                                              # fixed widths beside adaptive, interleaved against machine drift
 
 Writes bench/results/<name>.json and .csv (with command, git commit, machine, date) and a PNG.
 """
@@ -80,7 +82,8 @@ def pct(values, q):
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def run_level(url, texts, concurrency, output_len, sampling, bar=None) -> dict:
+def run_requests(url, texts, concurrency, output_len, sampling, bar=None) -> tuple[list[dict], float]:
+    """Send ``texts`` with at most ``concurrency`` in flight; per-request results and the wall time."""
     t0 = time.perf_counter()
     results = []
     with cf.ThreadPoolExecutor(concurrency) as ex:
@@ -89,7 +92,11 @@ def run_level(url, texts, concurrency, output_len, sampling, bar=None) -> dict:
             results.append(f.result())
             if bar is not None:
                 bar.update(1)
-    wall = time.perf_counter() - t0
+    return results, time.perf_counter() - t0
+
+
+def summarize(concurrency: int, results: list[dict], wall: float) -> dict:
+    """One row: output tokens over the summed wall time of the level's rounds, latency percentiles."""
     acc = [r["accept_length"] for r in results if r["accept_length"] is not None]
     total = sum(r["tokens"] for r in results)
     return {
@@ -159,9 +166,14 @@ def main(argv=None) -> int:
     p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers")
     p.add_argument("--draft-widths", type=int, nargs="+",
                    help="candidate verify widths of the adaptive policy (default 1 2 4 8 and the full width)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="> 1: start all servers at once and run each level this many times per server, the servers "
+                        "taking turns (so a slow spell of the machine hits every kind alike)")
     p.add_argument("--name", default=None)
     p.add_argument("--server-args", default="", help="extra SGLang flags for every server (one string)")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     # SIGTERM must still run the `finally` that stops the server we started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -186,10 +198,7 @@ def main(argv=None) -> int:
         n = args.requests or min(len(texts), max(2 * c, 4))
         return [texts[i % len(texts)] for i in range(n)]
 
-    total_reqs = len(args.kinds) * sum(len(texts_for(c)) for c in args.concurrency)
-    bar = tqdm(total=total_reqs, desc="requests", unit="req")
-    rows, servers_info = [], {}
-    for kind in args.kinds:
+    def server_for(kind: str) -> Server:
         preset = "domino" if kind.startswith("domino") else "baseline" if kind.startswith("baseline") else kind
         flags = preset_args(preset, device=device, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
         flags += ["--disable-overlap-schedule"] if kind == "baseline-sync" else []
@@ -198,30 +207,52 @@ def main(argv=None) -> int:
         if preset == "domino":
             fixed = [int(kind[len("domino-w"):])] if kind.startswith("domino-w") else args.draft_widths
             env = policy_env("adaptive" if kind == "domino" else "always", args.max_draft_batch, fixed)
-        log = RESULTS / f"{name}-{kind}.log"
-        server = Server(args.model, free_port(), flags, env=env, log_path=str(log))
-        bar.set_postfix_str(f"starting {kind}")
+        return Server(args.model, free_port(), flags, env=env, log_path=str(RESULTS / f"{name}-{kind}.log"))
+
+    # one server at a time, or (--rounds > 1) all of them up at once and the rounds of each level interleaved
+    groups = [[k] for k in args.kinds] if args.rounds == 1 else [list(args.kinds)]
+    total_reqs = args.rounds * len(args.kinds) * sum(len(texts_for(c)) for c in args.concurrency)
+    bar = tqdm(total=total_reqs, desc="requests", unit="req")
+    rows, servers_info = [], {}
+    for group in groups:
+        live = {}
         try:
-            server.start().wait_healthy(900)
-            one_request(server.url, texts[0], 8, sampling)  # warm-up
-            servers_info[kind] = {"command": server.command, "env": env}
+            for kind in group:
+                server = server_for(kind)
+                bar.set_postfix_str(f"starting {kind}")
+                try:
+                    server.start().wait_healthy(900)
+                    one_request(server.url, texts[0], 8, sampling)  # warm-up
+                    live[kind] = server
+                    servers_info[kind] = {"command": server.command, "env": server.env}
+                except Exception as e:  # a kind that does not run (e.g. NGRAM on this CPU) is recorded, not fatal
+                    tqdm.write(f"{kind}: FAILED: {e}")
+                    servers_info[kind] = {"command": server.command, "error": str(e)[-2000:]}
+                    server.stop()
             for c in args.concurrency:
-                bar.set_postfix_str(f"{kind} c={c}")
-                row = {"kind": kind, **run_level(server.url, texts_for(c), c, args.output_len, sampling, bar)}
-                rows.append(row)
-                tqdm.write(f"{kind:8s} c={c:3d}  {row['output_tok_s']:8.2f} tok/s  ttft p50 {row['ttft_p50_s']:.2f}s  "
-                           f"itl p50 {row['itl_p50_s'] * 1000:.0f}ms  e2e p50/p99 {row['e2e_p50_s']:.1f}/"
-                           f"{row['e2e_p99_s']:.1f}s  accept {row['accept_length_mean']}")
-        except Exception as e:  # a kind that does not run (e.g. NGRAM on this CPU) is recorded, not fatal
-            tqdm.write(f"{kind}: FAILED: {e}")
-            servers_info[kind] = {"command": server.command, "error": str(e)[-2000:]}
+                results, wall = {k: [] for k in live}, dict.fromkeys(live, 0.0)
+                for r in range(args.rounds):
+                    kinds = list(live)[r % len(live):] + list(live)[:r % len(live)] if live else []
+                    for kind in kinds:
+                        bar.set_postfix_str(f"{kind} c={c}" + (f" round {r + 1}" if args.rounds > 1 else ""))
+                        res, w = run_requests(live[kind].url, texts_for(c), c, args.output_len, sampling, bar)
+                        results[kind] += res
+                        wall[kind] += w
+                for kind in live:
+                    row = {"kind": kind, **summarize(c, results[kind], wall[kind])}
+                    rows.append(row)
+                    tqdm.write(f"{kind:8s} c={c:3d}  {row['output_tok_s']:8.2f} tok/s  "
+                               f"ttft p50 {row['ttft_p50_s']:.2f}s  itl p50 {row['itl_p50_s'] * 1000:.0f}ms  e2e p50/p99 {row['e2e_p50_s']:.1f}/"
+                               f"{row['e2e_p99_s']:.1f}s  accept {row['accept_length_mean']}")
         finally:
-            server.stop()
+            for server in live.values():
+                server.stop()
     bar.close()
 
     info = run_info()
     payload = {**info, "device": device, "model": args.model, "draft": args.draft, "output_len": args.output_len,
                "sampling": sampling, "prompts": {"mtbench": args.mtbench, "sharegpt": args.sharegpt},
+               "rounds": args.rounds,
                "servers": servers_info, "rows": rows}
     json_path = RESULTS / f"{name}.json"
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
