@@ -242,8 +242,9 @@ def main(argv=None) -> int:
                     row = {"kind": kind, **summarize(c, results[kind], wall[kind])}
                     rows.append(row)
                     tqdm.write(f"{kind:8s} c={c:3d}  {row['output_tok_s']:8.2f} tok/s  "
-                               f"ttft p50 {row['ttft_p50_s']:.2f}s  itl p50 {row['itl_p50_s'] * 1000:.0f}ms  e2e p50/p99 {row['e2e_p50_s']:.1f}/"
-                               f"{row['e2e_p99_s']:.1f}s  accept {row['accept_length_mean']}")
+                               f"ttft p50 {row['ttft_p50_s']:.2f}s  itl p50 {row['itl_p50_s'] * 1000:.0f}ms  "
+                               f"e2e p50/p99 {row['e2e_p50_s']:.1f}/{row['e2e_p99_s']:.1f}s  "
+                               f"accept {row['accept_length_mean']}")
         finally:
             for server in live.values():
                 server.stop()

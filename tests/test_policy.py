@@ -66,7 +66,7 @@ def test_always_and_batch_cap():
     assert "always" in always.describe()
     described = DraftPolicy("adaptive", widths=(1, 16))
     simulate(described, {1: {16: 30.0, 1: 20.0}}, 10)
-    assert "bs 1-1: w1 20.0, w16 30.0 tok/s" in described.describe()
+    assert "bs 1: w1 20.0, w16 30.0 tok/s" in described.describe()
 
 
 def test_widths_from_env(monkeypatch):
@@ -116,3 +116,20 @@ def test_news_when_a_bucket_settles_or_its_fastest_changes():
     assert not policy.pop_news()  # the fastest stayed
     simulate(policy, {1: {1: 20.0, 4: 5.0}}, 400)  # acceptance fell: width 1 takes over
     assert policy.pop_news() and "-> w1" in policy.describe()
+
+
+def test_widths_are_compared_at_about_the_same_batch_size():
+    """tokens/s grows with the batch size: width 1 measured at batch 8 must not lose to width 2 measured at
+    batch 15 when width 1 is the faster at both (with octave-wide buckets, 8-15, it did)."""
+    rates = {8: {1: 20.0, 2: 15.0}, 15: {1: 37.0, 2: 30.0}}
+    policy = DraftPolicy("adaptive", widths=(1, 2))
+    for bs in [8] * 3 + [15] * 20:
+        w = policy.width(bs)
+        tokens = bs * (1 + (w > 1))
+        policy.record(bs, w, tokens, tokens / rates[bs][w])
+    assert policy.width(15) == 1 and policy.buckets[DraftPolicy.bucket(15)].rate[2] == pytest.approx(30.0)
+    assert DraftPolicy.bucket(8) != DraftPolicy.bucket(15)
+    assert [DraftPolicy.bucket(b) for b in (15, 16, 17, 18, 31, 32, 35, 36)] == [15, 16, 16, 18, 30, 32, 32, 36]
+    for bs in range(1, 600):  # buckets tile the batch sizes, at most 1/8 wide
+        lo, hi = DraftPolicy.bucket_range(DraftPolicy.bucket(bs))
+        assert lo <= bs <= hi and (hi - lo + 1) <= max(1, lo // 8)

@@ -4,8 +4,9 @@ A decode step verifies ``[bonus, y_1 .. y_{w-1}]``: its *width* ``w`` is 1 for a
 the drafter's context still grows) and up to the drafter's block size. Wider steps can commit more
 tokens but cost more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a
 large batch the verify is compute-bound), so the best width depends on the drafter's acceptance, the batch
-size and the machine. The ``adaptive`` policy measures it: for each batch-size bucket (1, 2-3, 4-7,
-8-15, ...) it keeps an exponential moving average of the committed tokens per second of each candidate
+size and the machine. The ``adaptive`` policy measures it: for each batch-size bucket (every size up to 16,
+then 16-17, 18-19, ..., 30-31, 32-35, ...: at most 1/8 apart, because tokens/s grows with the batch size
+and widths measured at different sizes must not be compared) it keeps an exponential moving average of the committed tokens per second of each candidate
 width (measured narrowest first, stopping at the first width slower than a narrower one), runs the
 fastest, and now and then runs a neighbour of the fastest (the next narrower or wider candidate, in
 turn) so that the estimates follow the traffic: after ``explore_every`` steps, then at intervals that
@@ -118,7 +119,15 @@ class DraftPolicy:
 
     @staticmethod
     def bucket(batch_size: int) -> int:
-        return max(1, batch_size).bit_length()  # 1 | 2-3 | 4-7 | 8-15 | ...
+        """The smallest batch size of ``batch_size``'s bucket: itself below 16, else rounded down to 4
+        significant bits (16, 18, ..., 30, 32, 36, ...)."""
+        bs = max(1, batch_size)
+        shift = max(0, bs.bit_length() - 4)
+        return bs >> shift << shift
+
+    @staticmethod
+    def bucket_range(key: int) -> tuple[int, int]:
+        return key, key + (1 << max(0, key.bit_length() - 4)) - 1
 
     def width(self, batch_size: int) -> int:
         """Verify width of the next decode step (1 = plain step)."""
@@ -170,8 +179,8 @@ class DraftPolicy:
         parts = []
         for k in sorted(self.buckets):
             b = self.buckets[k]
-            lo, hi = 1 << (k - 1), (1 << k) - 1
+            lo, hi = self.bucket_range(k)
             rates = ", ".join(f"w{w} {b.rate[w]:.1f}" for w in self.widths if w in b.rate)
             runs = f" -> w{b.shown}" if b.shown else ""
-            parts.append(f"bs {lo}-{hi}: {rates} tok/s{runs}")
+            parts.append(f"bs {lo}{f'-{hi}' if hi > lo else ''}: {rates} tok/s{runs}")
         return f"adaptive over widths {list(self.widths)}{cap}; " + ("; ".join(parts) or "no steps yet")
