@@ -1,17 +1,17 @@
 """How much to draft: speculation only where, and as far as, it is measured to pay.
 
 A decode step verifies ``[bonus, y_1 .. y_{w-1}]``: its *width* ``w`` is 1 for a plain step (no drafting;
-the drafter's context still grows) and up to the drafter's block size. Wider steps can commit more
-tokens but cost more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a
-large batch the verify is compute-bound), so the best width depends on the drafter's acceptance, the batch
-size and the machine. The ``adaptive`` policy measures it: for each batch-size bucket (every size up to 16,
-then 16-17, 18-19, ..., 30-31, 32-35, ...: at most 1/8 apart, because tokens/s grows with the batch size
-and widths measured at different sizes must not be compared) it keeps an exponential moving average of the committed tokens per second of each candidate
-width (measured narrowest first, stopping at the first width slower than a narrower one), runs the
-fastest, and now and then runs a neighbour of the fastest (the next narrower or wider candidate, in
-turn) so that the estimates follow the traffic: after ``explore_every`` steps, then at intervals that
-double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket spends
-almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
+the drafter's context still grows) and up to the drafter's block size. Wider steps can commit more tokens
+but cost more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a large batch
+the verify is compute-bound), so the best width depends on the drafter's acceptance, the batch size and the
+machine. The ``adaptive`` policy measures it: for each batch-size bucket (every size below 16, then 16-17,
+18-19, ..., 30-31, 32-35, ...: at most 1/8 wide, because tokens/s grows with the batch size and widths
+measured at different sizes must not be compared) it keeps an exponential moving average of the committed
+tokens per second of each candidate width (measured narrowest first, stopping at the first width slower than
+a narrower one), runs the fastest, and now and then runs a neighbour of the fastest (the next narrower or
+wider candidate, in turn) so that the estimates follow the traffic: after ``explore_every`` steps, then at
+intervals that double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket
+spends almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
 speed, never output.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
