@@ -142,8 +142,7 @@ def server_kind(value: str) -> str:
     or domino-wN (the domino preset drafting width N at every step)."""
     if value in KINDS or re.fullmatch(r"domino-w[1-9][0-9]*", value):
         return value
-    raise argparse.ArgumentTypeError(
-        f"{value!r}: expected baseline, baseline-sync, domino, domino-always, domino-wN or ngram")
+    raise argparse.ArgumentTypeError(f"{value!r}: expected one of {', '.join(KINDS)} or domino-wN")
 
 
 def main(argv=None) -> int:

@@ -118,16 +118,20 @@ class DraftPolicy:
         return cls(policy_from_env(), max_draft_batch_from_env(), widths_from_env(full_width))
 
     @staticmethod
-    def bucket(batch_size: int) -> int:
+    def _bucket_width(batch_size: int) -> int:
+        """1 below 16, else the power of two that leaves 4 significant bits (same for a whole bucket)."""
+        return 1 << max(0, batch_size.bit_length() - 4)
+
+    @classmethod
+    def bucket(cls, batch_size: int) -> int:
         """The smallest batch size of ``batch_size``'s bucket: itself below 16, else rounded down to 4
         significant bits (16, 18, ..., 30, 32, 36, ...)."""
         bs = max(1, batch_size)
-        shift = max(0, bs.bit_length() - 4)
-        return bs >> shift << shift
+        return bs - bs % cls._bucket_width(bs)
 
-    @staticmethod
-    def bucket_range(key: int) -> tuple[int, int]:
-        return key, key + (1 << max(0, key.bit_length() - 4)) - 1
+    @classmethod
+    def bucket_range(cls, key: int) -> tuple[int, int]:
+        return key, key + cls._bucket_width(key) - 1
 
     def width(self, batch_size: int) -> int:
         """Verify width of the next decode step (1 = plain step)."""
