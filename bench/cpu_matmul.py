@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Why a verify step is dear on a small CPU: the target's matmuls at M tokens, 1 vs 2 threads, idle vs busy.
+"""What a few-row matmul costs on a small CPU: SmolLM2-135M's linears at M rows, two ways, 1 vs 2 threads.
 
 A plain decode step multiplies each weight by M = batch rows; a width-w verify step by M = batch x w rows.
-This times ``F.linear`` at SmolLM2-135M's shapes (per layer: qkv 576->960, gate_up 576->3072, o 576->576,
-down 1536->576; and the 576->49152 LM head) for M in --rows, with 1 and 2 torch threads, once with the
-other cores idle and once with a busy-looping process on every core but one (what the tokenizer,
+This times one forward's worth of SmolLM2-135M's linears (30 layers of qkv 576->960, gate_up 576->3072,
+o 576->576, down 1536->576, all resident in memory at once as in a real forward, so every weight comes
+from DRAM; and the 576->49152 LM head) for M in --rows, in two forms: ``stock`` (``F.linear``, what SGLang
+calls) and ``transposed`` (``(W @ x.T).T``, what ``sglang_domino.linear`` does at 2-64 rows); with 1 and 2 torch threads, once
+with the other cores idle and once with a busy-looping process on every core but one (what the tokenizer,
 detokenizer and HTTP client of a server on the same machine do to it).
 
     python bench/cpu_matmul.py --name cpu-matmul
@@ -28,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_info import RESULTS, run_info  # noqa: E402
 
 LAYER = {"qkv": (576, 960), "gate_up": (576, 3072), "o": (576, 576), "down": (1536, 576)}
+NUM_LAYERS = 30
 LM_HEAD = (576, 49152)
+FORMS = {"stock": F.linear, "transposed": lambda x, w: torch.mm(w, x.t()).t().contiguous()}
 
 
 def _spin() -> None:
@@ -36,33 +40,38 @@ def _spin() -> None:
         pass
 
 
-def time_linear(k: int, n: int, m: int, reps: int) -> float:
-    """Median ms of F.linear([m, k] x [n, k]^T) over 5 rounds of ``reps`` calls."""
-    w, x = torch.randn(n, k), torch.randn(m, k)
-    for _ in range(3):
-        F.linear(x, w)
-    rounds = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(reps):
-            F.linear(x, w)
-        rounds.append((time.perf_counter() - t) / reps * 1e3)
-    return statistics.median(rounds)
+def time_forms(weights: list[torch.Tensor], m: int, reps: int) -> dict[str, float]:
+    """Median ms, per form, of multiplying [m, k] rows by every weight [n, k] in turn (5 rounds of ``reps``)."""
+    xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
+    out = {}
+    for form, fn in FORMS.items():
+        for w in weights[:4]:
+            fn(xs[w.shape[1]], w)
+        rounds = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(reps):
+                for w in weights:
+                    fn(xs[w.shape[1]], w)
+            rounds.append((time.perf_counter() - t) / reps * 1e3)
+        out[form] = round(statistics.median(rounds), 3)
+    return out
 
 
 def measure(rows: list[int], threads: int) -> list[dict]:
     torch.set_num_threads(threads)
+    layers = [torch.randn(n, k) * 0.02 for _ in range(NUM_LAYERS) for k, n in LAYER.values()]
+    head = [torch.randn(LM_HEAD[1], LM_HEAD[0]) * 0.02]
     out = []
     for m in rows:
-        layer = sum(time_linear(k, n, m, 30) for k, n in LAYER.values())
-        head = time_linear(*LM_HEAD, m, 5)
-        out.append({"rows": m, "layer_linears_ms": round(layer, 3), "lm_head_ms": round(head, 3)})
+        lin, lm = time_forms(layers, m, 2), time_forms(head, m, 3)
+        out += [{"rows": m, "form": f, "layer_linears_ms": lin[f], "lm_head_ms": lm[f]} for f in FORMS]
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--name", default="cpu-matmul")
     args = p.parse_args(argv)
     results = []
@@ -82,7 +91,8 @@ def main(argv=None) -> int:
                 s.terminate()
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{args.name}.json"
-    path.write_text(json.dumps({**run_info(), "shapes": {"layer": LAYER, "lm_head": LM_HEAD}, "rows": results},
+    path.write_text(json.dumps({**run_info(), "shapes": {"layer": LAYER, "num_layers": NUM_LAYERS, "lm_head": LM_HEAD},
+                               "rows": results},
                                indent=2) + "\n")
     print(path)
     return 0

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from run_info import RESULTS, run_info  # noqa: E402
 
+from sglang_domino.linear import MAX_ROWS_ENV  # noqa: E402
 from sglang_domino.serving.policy import policy_env  # noqa: E402
 from sglang_domino.serving.server import DEFAULT_MODEL, Server, free_port, preset_args, sse_events  # noqa: E402
 
@@ -134,12 +135,12 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     return path
 
 
-KINDS = ("baseline", "baseline-sync", "domino", "domino-always", "ngram")
+KINDS = ("baseline", "baseline-sync", "baseline-stock", "domino", "domino-always", "ngram")
 
 
 def server_kind(value: str) -> str:
-    """argparse type of --kinds: a preset name, baseline-sync (the baseline preset without overlap scheduling)
-    or domino-wN (the domino preset drafting width N at every step)."""
+    """argparse type of --kinds: a preset name, baseline-sync (the baseline preset without overlap scheduling),
+    baseline-stock (without the plugin's few-row CPU linear) or domino-wN (drafting width N at every step)."""
     if value in KINDS or re.fullmatch(r"domino-w[1-9][0-9]*", value):
         return value
     raise argparse.ArgumentTypeError(f"{value!r}: expected one of {', '.join(KINDS)} or domino-wN")
@@ -151,6 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--draft", help="Domino drafter checkpoint (required for the domino kind)")
     p.add_argument("--kinds", nargs="+", type=server_kind, default=["baseline", "domino"],
                    help="baseline | baseline-sync (without SGLang's overlap scheduling, which DOMINO turns off) | "
+                        "baseline-stock (CPU: without the plugin's few-row linear) | "
                         "domino (the default adaptive draft policy) | domino-always (full width at every step) | "
                         "domino-wN (width N at every step, e.g. domino-w2) | ngram")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
         flags = preset_args(preset, device=device, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
         flags += ["--disable-overlap-schedule"] if kind == "baseline-sync" else []
         flags += args.server_args.split()
-        env = {}
+        env = {MAX_ROWS_ENV: "0"} if kind == "baseline-stock" else {}
         if preset == "domino":
             fixed = [int(kind[len("domino-w"):])] if kind.startswith("domino-w") else args.draft_widths
             env = policy_env("adaptive" if kind == "domino" else "always", args.max_draft_batch, fixed)

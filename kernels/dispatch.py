@@ -74,12 +74,11 @@ def _kernels(name: str):
     return importlib.import_module(f"sglang_domino.kernels.{name}")
 
 
-def rollout(z, base_logits, bonus, embed, head, pure_prefix_len=1, sampling=None, exponential=None, pool_size=0):
-    """See ``sglang_domino.rollout.rollout``. The Triton kernel always scans the full vocabulary, which
-    picks the same tokens as the exact candidate pool (``pool_size``) of the reference."""
+def rollout(z, base_logits, bonus, embed, head, pure_prefix_len=1, sampling=None, exponential=None):
+    """See ``sglang_domino.rollout.rollout``."""
     if use_triton(z):
         return _kernels("rollout").rollout(z, base_logits, bonus, embed, head, pure_prefix_len, sampling, exponential)
-    return _rollout_ref.rollout(z, base_logits, bonus, embed, head, pure_prefix_len, sampling, exponential, pool_size)
+    return _rollout_ref.rollout(z, base_logits, bonus, embed, head, pure_prefix_len, sampling, exponential)
 
 
 def verify_greedy(draft, target_logits):

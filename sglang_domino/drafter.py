@@ -24,6 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import CheckpointError, DominoConfig
+from .linear import linear
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` through ``sglang_domino.linear`` (cheaper at a few rows on a CPU; same parameters)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -54,10 +62,10 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(h, cfg.num_attention_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=False)
+        self.q_proj = Linear(h, cfg.num_attention_heads * d, bias=False)
+        self.k_proj = Linear(h, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = Linear(h, cfg.num_key_value_heads * d, bias=False)
+        self.o_proj = Linear(cfg.num_attention_heads * d, h, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
@@ -88,9 +96,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: DominoConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -116,15 +124,15 @@ class DominoDrafter(nn.Module):
         super().__init__()
         self.config = cfg
         h = cfg.hidden_size
-        self.fc = nn.Linear(cfg.num_context_layers * h, h, bias=False)
+        self.fc = Linear(cfg.num_context_layers * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.prefix_gru = nn.GRU(h, cfg.gru_hidden_dim, num_layers=1, bias=False, batch_first=True)
         self.embed_proj = nn.Sequential(
-            nn.Linear(h + cfg.gru_hidden_dim, cfg.emb_dim, bias=False),
+            Linear(h + cfg.gru_hidden_dim, cfg.emb_dim, bias=False),
             nn.SiLU(),
-            nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False),
+            Linear(cfg.emb_dim, cfg.vocab_size, bias=False),
         )
 
     # -- backbone ---------------------------------------------------------------------------------
@@ -159,9 +167,10 @@ def vocab_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Rows of x against a vocabulary matrix (the target's lm_head, or embed_proj's output layer).
 
     x [..., D], weight [V, D] -> [..., V], as one 2-D matmul: ``x @ weight.T`` on a sliced 3-D x runs as a
-    batched matmul that re-reads the whole matrix per row (about 3x slower on a CPU, backward included).
+    batched matmul that re-reads the whole matrix per row (about 3x slower on a CPU, backward included);
+    a few rows on a CPU take ``sglang_domino.linear``'s transposed form.
     """
-    return (x.reshape(-1, x.shape[-1]) @ weight.t()).view(*x.shape[:-1], weight.shape[0])
+    return linear(x.reshape(-1, x.shape[-1]), weight).view(*x.shape[:-1], weight.shape[0])
 
 
 class HeadWeights(NamedTuple):

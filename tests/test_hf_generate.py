@@ -57,7 +57,7 @@ def test_accepted_blocks_rollback_and_stop_tokens(pair, monkeypatch):
     target, drafter = pair
     real_verify, state = dispatch.verify_greedy, {}
 
-    def oracle_rollout(z, base, bonus, embed, head, pure, sampling, noise, pool_size):
+    def oracle_rollout(z, base, bonus, embed, head, pure, sampling, noise):
         n, done = z.shape[1], state["done"]
         draft = (state["cont"][done:done + n] + [0] * n)[:n]
         state["calls"] += 1

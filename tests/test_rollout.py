@@ -118,33 +118,6 @@ def test_bad_sampling_params_rejected():
             SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("pool_size", [1, 4, 20, 49, 50, 0])
-def test_pooled_greedy_rollout_is_exact(pool_size):
-    """The candidate pool never changes a token: small pools exercise the full-vocabulary fallback."""
-    model = _drafter()
-    torch.manual_seed(6)
-    embed, z, bonus = torch.randn(50, 32), torch.randn(8, 7, 32), torch.randint(0, 50, (8,))
-    base = torch.randn(8, 7, 50) * 4  # a spread of peaked and flat rows
-    with torch.no_grad():
-        expected, _ = rollout(z, base, bonus, embed, model.head_weights(), 1)
-        tokens, _ = rollout(z, base, bonus, embed, model.head_weights(), 1, pool_size=pool_size)
-    assert torch.equal(tokens, expected)
-
-
-def test_pooled_argmax_fallback_and_ties():
-    from sglang_domino.rollout import pooled_argmax
-
-    torch.manual_seed(7)
-    w2, h = torch.randn(300, 8), torch.randn(5, 8)
-    base = torch.randn(5, 300) * 10
-    base[0] = 0.0  # a flat row: the bound cannot certify the pool, the fallback must answer
-    full = (base + h @ w2.t()).argmax(-1)
-    assert torch.equal(pooled_argmax(base, h, w2, w2.norm(dim=-1), 16), full)
-    tie_base, zero_h = torch.zeros(1, 300), torch.zeros(1, 8)
-    tie_base[0, [7, 3, 200]] = 5.0  # equal scores: the smallest index wins, as with torch.argmax
-    assert int(pooled_argmax(tie_base, zero_h, w2, w2.norm(dim=-1), 16)) == 3
-
-
 def test_draft_probs_restricts_truncating_rows_only():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 3, 300, generator=g) * 3

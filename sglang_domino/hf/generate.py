@@ -125,12 +125,10 @@ def speculative_generate(
     seed: int = 0,
     use_head: bool = True,
     block_size: int | None = None,
-    pool_size: int = 256,
 ) -> GenerateOutput:
     """Domino speculative decoding. input_ids: [1, T]. ``use_head=False`` is backbone-only (DFlash).
 
     block_size: verify block (bonus + drafts), at most the drafter's; default the drafter's.
-    pool_size: exact candidate pool of greedy proposals (``rollout.pooled_argmax``); 0 = full vocabulary.
     """
     from transformers import DynamicCache
 
@@ -167,8 +165,7 @@ def speculative_generate(
         base = vocab_logits(z, lm_head)
         t1 = time.perf_counter()
         noise = sampler.noise(n) if sampler.batch is not None else None
-        draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch, noise,
-                                    pool_size)
+        draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch, noise)
         t2 = time.perf_counter()
 
         out = target(input_ids=torch.cat([bonus[:, None], draft], 1), past_key_values=cache, use_cache=True,

@@ -18,7 +18,7 @@ _done = False
 
 
 def _install_cpu_shims() -> None:
-    from .cpu import attention, cpu_engine_requested, libcuda, ops
+    from .cpu import attention, cpu_engine_requested, libcuda, linear, ops
 
     if not cpu_engine_requested():
         return
@@ -30,6 +30,7 @@ def _install_cpu_shims() -> None:
             logger.warning("sglang-domino: import sgl_kernel failed even with the libcuda stand-in: %s", e)
     ops.register()
     attention.register_hook()
+    linear.register_hooks()
 
 
 def _factory(server_args):

@@ -46,11 +46,6 @@ from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
 logger = logging.getLogger(__name__)
 
-# Greedy proposals on the reference path score the correction over an exact candidate pool of this size
-# (rollout.pooled_argmax: same tokens as the full vocabulary, far less of embed_proj's output layer read).
-POOL_SIZE = 256
-
-
 @contextmanager
 def _overridden(obj, **fields):
     """Set attributes of ``obj`` for the duration of the block, then restore them."""
@@ -206,8 +201,7 @@ class DominoWorker(BaseSpecWorker):
         z = self.drafter.backbone(self.embed[block_ids], positions, ctx, ctx_mask)[:, :n]
         base = vocab_logits(z, self.lm_head)
         if all_greedy:
-            tokens, _ = rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len,
-                                pool_size=POOL_SIZE)
+            tokens, _ = rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len)
             return tokens, None
         noise = torch.empty(bs, n, self.vocab_size, device=self.device).exponential_()
         return rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len,

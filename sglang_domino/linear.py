@@ -1,0 +1,54 @@
+"""``x @ weight.T`` that stays cheap for a few rows on a CPU.
+
+A decode step multiplies each weight by one row per request, a verify step by ``width`` rows per request.
+On a CPU, PyTorch's ``F.linear`` / ``x @ weight.T`` at 2-64 rows costs 2-3x what one row costs even though
+reading the weight from memory dominates: the GEMM behind it handles the transposed weight badly at so few
+rows. The same product taken the other way round, ``(weight @ x.T).T``, reads the weight as a plain
+row-major left operand: SmolLM2-135M's linears at 2 and 4 rows cost 0.4x the stock form and less than one
+row does, 0.65-0.75x at 8-64 rows (2 threads, ``bench/cpu_matmul.py``, ``bench/results/cpu-matmul.json``).
+One row stays with ``F.linear`` (its GEMV is as fast or faster). The results agree to float rounding.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+MAX_ROWS_ENV = "SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS"
+DEFAULT_MAX_ROWS = 64
+
+
+def max_rows_from_env() -> int:
+    """Largest row count that takes the transposed form (0 switches it off); from ``MAX_ROWS_ENV``."""
+    raw = os.environ.get(MAX_ROWS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_ROWS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_ROWS_ENV}={raw!r}: expected a whole number of rows (0 switches it off)") from None
+    if value < 0:
+        raise ValueError(f"{MAX_ROWS_ENV}={raw!r}: expected 0 or more")
+    return value
+
+
+def takes_transposed(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
+    """Whether ``x`` [..., K] against ``weight`` [N, K] should run as ``(weight @ x.T).T``: a CPU, a plain
+    dense weight of x's dtype, and 2 .. max_rows rows (one row is a GEMV either way)."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (x.device.type == "cpu" and 2 <= rows <= max_rows and weight.dim() == 2 and weight.is_contiguous()
+            and weight.dtype == x.dtype and weight.dtype.is_floating_point)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           max_rows: int = DEFAULT_MAX_ROWS) -> torch.Tensor:
+    """x [..., K], weight [N, K], bias [N] or None -> [..., N] (contiguous), like ``F.linear``."""
+    if not takes_transposed(x, weight, max_rows):
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(-1, x.shape[-1])
+    out = torch.mm(weight, x2.t()).t().contiguous()
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,76 @@
+"""sglang_domino.linear (the few-row CPU matmul) against F.linear, and the SGLang hook's routing."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang_domino.linear import MAX_ROWS_ENV, linear, max_rows_from_env, takes_transposed
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 16, 64, 65])
+@pytest.mark.parametrize("k,n", [(64, 96), (576, 1000), (33, 7)])
+def test_matches_f_linear(rows, k, n, dtype, tol):
+    g = torch.Generator().manual_seed(rows * 1000 + k)
+    x = torch.randn(rows, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    for bias in (None, b):
+        got, want = linear(x, w, bias), F.linear(x, w, bias)
+        assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_leading_dims_and_grad():
+    x = torch.randn(2, 3, 16, requires_grad=True)
+    w = torch.randn(10, 16, requires_grad=True)
+    y = linear(x, w)
+    assert y.shape == (2, 3, 10)
+    y.square().sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    F.linear(x2, w2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_which_products_take_the_transposed_form():
+    w = torch.randn(8, 4)
+    assert not takes_transposed(torch.randn(1, 4), w, 64)  # one row: F.linear's GEMV is as fast
+    assert takes_transposed(torch.randn(2, 4), w, 64)
+    assert takes_transposed(torch.randn(4, 16, 4), w, 64)  # 64 rows
+    assert not takes_transposed(torch.randn(65, 4), w, 64)
+    assert not takes_transposed(torch.randn(2, 4), w, 0)  # switched off
+    assert not takes_transposed(torch.randn(2, 4), w.t().contiguous().t(), 64)  # not row-major
+    assert not takes_transposed(torch.randn(2, 4).double(), w, 64)  # dtypes differ
+
+
+def test_env(monkeypatch):
+    monkeypatch.delenv(MAX_ROWS_ENV, raising=False)
+    assert max_rows_from_env() == 64
+    monkeypatch.setenv(MAX_ROWS_ENV, "0")
+    assert max_rows_from_env() == 0
+    for bad in ("x", "-1"):
+        monkeypatch.setenv(MAX_ROWS_ENV, bad)
+        with pytest.raises(ValueError, match=MAX_ROWS_ENV):
+            max_rows_from_env()
+
+
+def test_sglang_linear_hook_routes_by_rows():
+    from sglang_domino.serving.cpu.linear import linear_apply_around
+
+    calls = []
+
+    def original(method, layer, x, bias=None):
+        calls.append(x.shape[0])
+        return F.linear(x, layer.weight, bias)
+
+    layer = SimpleNamespace(weight=torch.randn(12, 8))
+    for rows in (1, 5, 64, 65):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(linear_apply_around(original, None, layer, x), F.linear(x, layer.weight))
+    assert calls == [1, 65]
+    amx = SimpleNamespace(weight=layer.weight, use_intel_amx_backend=True)
+    linear_apply_around(original, None, amx, torch.randn(3, 8))
+    assert calls == [1, 65, 3]
