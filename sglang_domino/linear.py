@@ -5,7 +5,7 @@ On a CPU, PyTorch's ``F.linear`` / ``x @ weight.T`` at 2-64 rows costs 2-3x what
 reading the weight from memory dominates: the GEMM behind it handles the transposed weight badly at so few
 rows. The same product taken the other way round, ``(weight @ x.T).T``, reads the weight as a plain
 row-major left operand: SmolLM2-135M's linears at 2 and 4 rows cost 0.4x the stock form and less than one
-row does, 0.65-0.75x at 8-64 rows (2 threads, ``bench/cpu_matmul.py``, ``bench/results/cpu-matmul.json``).
+row does, 0.6-0.75x at 8-64 rows (2 threads, ``bench/cpu_matmul.py``, ``bench/results/cpu-matmul.json``).
 One row stays with ``F.linear`` (its GEMV is as fast or faster). The results agree to float rounding.
 """
 
