@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 
-from ...linear import linear, max_rows_from_env, takes_transposed
+from ...linear import DEFAULT_MAX_ROWS, linear, max_rows_from_env, takes_transposed
 
 logger = logging.getLogger(__name__)
 
 LINEAR_TARGET = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
 LM_HEAD_TARGET = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
 
-_MAX_ROWS = max_rows_from_env()
+_MAX_ROWS = DEFAULT_MAX_ROWS  # set from SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS by register_hooks()
 
 
 def linear_apply_around(original, method, layer, x, bias=None):
@@ -45,8 +45,11 @@ def compute_lm_head_around(original, processor, hidden_states, lm_head, embeddin
 
 
 def register_hooks() -> None:
+    """CPU serving only (called by the plugin); a bad SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS raises, naming it."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    global _MAX_ROWS
+    _MAX_ROWS = max_rows_from_env()
     if _MAX_ROWS < 2:
         logger.info("sglang-domino: CPU few-row linear off (SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS=%d)", _MAX_ROWS)
         return
