@@ -34,14 +34,9 @@ def gru_cell(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.T
     return (1 - u) * n + u * h
 
 
-def correction_hidden(z: torch.Tensor, s: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
-    """SiLU(embed_proj.0([z ; s])): z [b, H], s [b, G] -> [b, E]."""
-    return F.silu(linear(torch.cat([z, s.to(z.dtype)], -1), w1))
-
-
 def correction(z: torch.Tensor, s: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """embed_proj([z ; s]): z [b, H], s [b, G] -> [b, V]."""
-    return linear(correction_hidden(z, s, w1), w2)
+    """embed_proj([z ; s]) = w2 @ SiLU(w1 @ [z ; s]): z [b, H], s [b, G] -> [b, V]."""
+    return linear(F.silu(linear(torch.cat([z, s.to(z.dtype)], -1), w1)), w2)
 
 
 def rollout(
