@@ -5,7 +5,7 @@ A plain decode step multiplies each weight by M = batch rows; a width-w verify s
 This times one forward's worth of SmolLM2-135M's linears (30 layers of qkv 576->960, gate_up 576->3072,
 o 576->576, down 1536->576, all resident in memory at once as in a real forward, so every weight comes
 from DRAM; and the 576->49152 LM head) for M in --rows, in two forms: ``stock`` (``F.linear``, what SGLang
-calls) and ``transposed`` (``(W @ x.T).T``, what ``sglang_domino.linear`` does at 2-64 rows); with 1 and 2
+calls) and ``transposed`` (``(W @ x.T).T``, ``sglang_domino.linear`` at 2-64 rows); with 1 and 2
 torch threads, once with the other cores idle and once with a busy-looping process on every core but one
 (what the tokenizer, detokenizer and HTTP client of a server on the same machine do to it).
 
@@ -29,10 +29,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_info import RESULTS, run_info  # noqa: E402
 
+from sglang_domino.linear import transposed_linear  # noqa: E402
+
 LAYER = {"qkv": (576, 960), "gate_up": (576, 3072), "o": (576, 576), "down": (1536, 576)}
 NUM_LAYERS = 30
 LM_HEAD = (576, 49152)
-FORMS = {"stock": F.linear, "transposed": lambda x, w: torch.mm(w, x.t()).t().contiguous()}
+FORMS = {"stock": F.linear, "transposed": transposed_linear}
 
 
 def _spin() -> None:

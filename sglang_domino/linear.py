@@ -47,6 +47,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x [..., K], weight [N, K], bias [N] or None -> [..., N] (contiguous), like ``F.linear``."""
     if not takes_transposed(x, weight, max_rows):
         return F.linear(x, weight, bias)
+    return transposed_linear(x, weight, bias)
+
+
+def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` computed as ``(weight @ x.T).T``, unconditionally (callers check ``takes_transposed``)."""
     x2 = x.reshape(-1, x.shape[-1])
     out = torch.mm(weight, x2.t()).t().contiguous()
     if bias is not None:

@@ -46,6 +46,7 @@ from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
 logger = logging.getLogger(__name__)
 
+
 @contextmanager
 def _overridden(obj, **fields):
     """Set attributes of ``obj`` for the duration of the block, then restore them."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from ...linear import DEFAULT_MAX_ROWS, linear, max_rows_from_env, takes_transposed
+from ...linear import DEFAULT_MAX_ROWS, max_rows_from_env, takes_transposed, transposed_linear
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def linear_apply_around(original, method, layer, x, bias=None):
     weight = layer.weight
     if getattr(layer, "use_intel_amx_backend", False) or not takes_transposed(x, weight, _MAX_ROWS):
         return original(method, layer, x, bias)
-    return linear(x, weight, bias, _MAX_ROWS)
+    return transposed_linear(x, weight, bias)
 
 
 def compute_lm_head_around(original, processor, hidden_states, lm_head, embedding_bias=None, **kwargs):
@@ -41,7 +41,7 @@ def compute_lm_head_around(original, processor, hidden_states, lm_head, embeddin
             or getattr(lm_head, "use_intel_amx_backend", False)
             or not takes_transposed(hidden_states, weight, _MAX_ROWS)):
         return original(processor, hidden_states, lm_head, embedding_bias, **kwargs)
-    return linear(hidden_states, weight, None, _MAX_ROWS)
+    return transposed_linear(hidden_states, weight)
 
 
 def register_hooks() -> None:
