@@ -46,6 +46,16 @@ def test_warm_up_goes_wider_only_while_wider_is_faster():
     assert max(early[1], key=early[1].get) == 8
 
 
+def test_a_wider_width_must_win_by_the_margin():
+    policy = DraftPolicy("adaptive", widths=(1, 2, 4), margin=0.03)
+    frac = simulate(policy, {16: {1: 100.0, 2: 102.0, 4: 80.0}, 1: {1: 10.0, 2: 11.0, 4: 10.5}}, 400)
+    assert frac[16][1] > 0.95  # width 2 is 2% faster: within the margin, the plain step runs
+    assert 4 not in frac[16]  # and the warm-up stopped at width 2
+    assert frac[1][2] > 0.95  # 10% faster: drafting runs
+    frac = simulate(DraftPolicy("adaptive", widths=(1, 2, 4), margin=0.0), {16: {1: 100.0, 2: 102.0, 4: 80.0}}, 400)
+    assert frac[16][2] > 0.95
+
+
 def test_adaptive_follows_a_change_in_acceptance():
     policy = DraftPolicy("adaptive", widths=(1, 16))
     simulate(policy, {1: {16: 30.0, 1: 20.0}}, 200)

@@ -8,7 +8,9 @@ machine. The ``adaptive`` policy measures it: for each batch-size bucket (every 
 18-19, ..., 30-31, 32-35, ...: at most 1/8 wide, because tokens/s grows with the batch size and widths
 measured at different sizes must not be compared) it keeps an exponential moving average of the committed
 tokens per second of each candidate width (measured narrowest first, stopping at the first width slower than
-a narrower one), runs the fastest, and now and then runs a neighbour of the fastest (the next narrower or
+a narrower one), runs the fastest (a wider width must beat every narrower one by ``margin``, 3%: where
+widths rate alike, within the noise of a step's timing, the narrower and cheaper one runs, plain steps at
+worst), and now and then runs a neighbour of the fastest (the next narrower or
 wider candidate, in turn) so that the estimates follow the traffic: after ``explore_every`` steps, then at
 intervals that double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket
 spends almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
@@ -104,8 +106,10 @@ class DraftPolicy:
     """``width(batch_size)`` before a decode step, ``record(...)`` after it."""
 
     def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
-                 warmup: int = 3, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2):
+                 warmup: int = 3, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2,
+                 margin: float = 0.03):
         self.mode, self.max_batch = _check_mode(mode, f"draft policy {mode!r}"), max_batch
+        self.margin = margin
         self.widths = tuple(sorted(set(widths)))
         self.full = self.widths[-1]
         self.warmup, self.alpha = warmup, alpha
@@ -145,7 +149,7 @@ class DraftPolicy:
         # measured so far is the fastest, so a batch where drafting does not pay never runs wide steps.
         measured = [w for w in self.widths if b.count.get(w, 0) >= self.warmup]
         pending = next((w for w in self.widths if b.count.get(w, 0) < self.warmup), None)
-        best = max(b.rate, key=b.rate.get) if b.rate else None
+        best = self._fastest(b)
         if pending is not None and (not measured or (pending > measured[-1] and best == measured[-1])):
             return pending
         if best != b.shown and b.count[best] >= self.warmup:  # a new fastest width, measured: worth a log line
@@ -158,6 +162,13 @@ class DraftPolicy:
         neighbours = self.widths[max(0, i - 1):i] + self.widths[i + 1:i + 2]
         b.explored += 1
         return neighbours[b.explored % len(neighbours)]
+
+    def _fastest(self, b: _Bucket) -> int | None:
+        """The narrowest width within ``margin`` of the highest rate (None before any measurement)."""
+        if not b.rate:
+            return None
+        top = max(b.rate.values())
+        return min(w for w, r in b.rate.items() if r >= top * (1 - self.margin))
 
     def record(self, batch_size: int, width: int, tokens: int, seconds: float) -> None:
         """One finished decode step of ``width``: ``tokens`` committed over the batch in ``seconds``."""

@@ -20,7 +20,8 @@ for the drafter's context.
 
 The drafter's context K/V live in a pool indexed by the target's KV slot ids, so SGLang's
 allocator, radix cache and request lifecycle manage them implicitly (a slot's entry is rewritten
-whenever the target rewrites that slot).
+whenever the target rewrites that slot); captured states are projected lazily, when a draft needs them
+(``sglang_domino.serving.context``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 
 from ..drafter import load_drafter, vocab_logits
 from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton on CUDA, torch reference on CPU
+from .context import ContextPool
 from .policy import DraftPolicy
 from .sampling import draft_batch_sampling, sglang_probs
 
@@ -114,7 +116,7 @@ class DominoWorker(BaseSpecWorker):
         self.block_size = int(self.cfg.block_size)
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens or self.block_size)
         self.policy = DraftPolicy.from_env(self.num_draft_tokens)
-        self.k_pool = self.v_pool = None
+        self.context = None
         self.steps = 0
         logger.info(
             "DOMINO worker: drafter %s (%d layers, block %d, %d drafts/step, context layers %s), "
@@ -131,11 +133,8 @@ class DominoWorker(BaseSpecWorker):
         self.req_to_token_pool = req_to_token_pool or self.model_runner.req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator or self.model_runner.token_to_kv_pool_allocator
         num_slots = int(self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0])
-        shape = (self.cfg.num_hidden_layers, num_slots, self.cfg.num_key_value_heads, self.cfg.head_dim)
-        self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        logger.info("DOMINO draft context pool: %d slots, %.1f MB", num_slots,
-                    2 * self.k_pool.numel() * self.k_pool.element_size() / 2**20)
+        self.context = ContextPool(self.drafter, num_slots, self.dtype, self.device)
+        logger.info("DOMINO draft context pool: %d slots, %.1f MB", num_slots, self.context.nbytes / 2**20)
 
     def init_attention_backends(self):
         pass
@@ -147,29 +146,14 @@ class DominoWorker(BaseSpecWorker):
         pass
 
     # -- drafter context ------------------------------------------------------------------------------
-    @torch.no_grad()
     def _write_context(self, logits_output, positions: torch.Tensor, slots: torch.Tensor, what: str) -> None:
-        """Turn the target states captured by a forward (``logits_output.hidden_states``, [N, K*H]) into the
-        drafter's context K/V at ``slots`` ([N], positions [N]), then drop them from the output."""
+        """Queue the target states captured by a forward (``logits_output.hidden_states``, [N, K*H]) as the
+        drafter's context at ``slots`` ([N], positions [N]), then drop them from the output."""
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError(f"DOMINO: the target returned no captured hidden states for {what}")
         logits_output.hidden_states = None
-        if hidden.shape[0] == 0:
-            return
-        kv = self.drafter.context_kv(hidden.to(self.dtype)[None], positions.long()[None])
-        slots = slots.long()
-        for layer, (k, v) in enumerate(kv):
-            self.k_pool[layer, slots] = k[0].transpose(0, 1)  # [kvh, N, d] -> [N, kvh, d]
-            self.v_pool[layer, slots] = v[0].transpose(0, 1)
-
-    def _gather_context(self, batch, seq_lens: torch.Tensor, max_len: int):
-        rows = self.req_to_token_pool.req_to_token[batch.req_pool_indices.long()][:, :max_len].long()
-        valid = torch.arange(max_len, device=self.device)[None, :] < seq_lens[:, None]
-        idx = torch.where(valid, rows, torch.zeros_like(rows))
-        ctx = [(self.k_pool[layer][idx].transpose(1, 2), self.v_pool[layer][idx].transpose(1, 2))
-               for layer in range(self.cfg.num_hidden_layers)]
-        return ctx, (None if bool(valid.all()) else valid)
+        self.context.write(hidden, positions, slots)
 
     # -- one step ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -195,7 +179,8 @@ class DominoWorker(BaseSpecWorker):
 
     def _draft(self, batch, seq_lens, seq_lens_cpu, bonus, n, sampling_info, all_greedy):
         bs = bonus.shape[0]
-        ctx, ctx_mask = self._gather_context(batch, seq_lens, int(seq_lens_cpu.max()))
+        slot_rows = self.req_to_token_pool.req_to_token[batch.req_pool_indices.long()][:, : int(seq_lens_cpu.max())]
+        ctx, ctx_mask = self.context.gather(slot_rows, seq_lens)
         block_ids = torch.full((bs, self.block_size), self.cfg.mask_token_id, dtype=torch.long, device=self.device)
         block_ids[:, 0] = bonus
         positions = seq_lens[:, None] + torch.arange(self.block_size, device=self.device)
