@@ -2,7 +2,8 @@
 """Serving throughput: plain decoding vs DOMINO (vs NGRAM) on real SGLang servers, one run.
 
 For each server kind (started here, one at a time, and stopped afterwards; with --rounds R > 1 all at
-once, each level then run R times per server with the servers taking turns) and each concurrency
+once, each level then run R times per server with the servers taking turns; with --restart as well, the
+servers are started afresh for every round, since one process's speed differs from the next one's) and each concurrency
 level, a fixed set of prompts (MT-Bench first turns + held-out ShareGPT first turns, chat template
 applied by the server) is sent through /generate with streaming, a fixed output length
 (ignore_eos) and greedy decoding unless --temperature is given. Per level it records output tok/s,
@@ -170,11 +171,16 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="> 1: start all servers at once and run each level this many times per server, the servers "
                         "taking turns (so a slow spell of the machine hits every kind alike)")
+    p.add_argument("--restart", action="store_true",
+                   help="with --rounds: start fresh server processes for every round (on a small CPU a server "
+                        "process's own speed varies by up to ~10%% from one start to the next)")
     p.add_argument("--name", default=None)
     p.add_argument("--server-args", default="", help="extra SGLang flags for every server (one string)")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.restart and args.rounds < 2:
+        p.error("--restart needs --rounds >= 2")
     # SIGTERM must still run the `finally` that stops the server we started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -210,15 +216,23 @@ def main(argv=None) -> int:
             env = policy_env("adaptive" if kind == "domino" else "always", args.max_draft_batch, fixed)
         return Server(args.model, free_port(), flags, env=env, log_path=str(RESULTS / f"{name}-{kind}.log"))
 
-    # one server at a time, or (--rounds > 1) all of them up at once and the rounds of each level interleaved
-    groups = [[k] for k in args.kinds] if args.rounds == 1 else [list(args.kinds)]
+    # one server at a time; or (--rounds > 1) all of them up at once, the rounds of each level interleaved;
+    # or (--restart) all up at once and started afresh for every round
+    if args.rounds == 1:
+        sessions = [([k], [0]) for k in args.kinds]
+    elif args.restart:
+        sessions = [(list(args.kinds), [r]) for r in range(args.rounds)]
+    else:
+        sessions = [(list(args.kinds), list(range(args.rounds)))]
     total_reqs = args.rounds * len(args.kinds) * sum(len(texts_for(c)) for c in args.concurrency)
     bar = tqdm(total=total_reqs, desc="requests", unit="req")
-    rows, servers_info = [], {}
-    for group in groups:
+    results = {(k, c): [] for k in args.kinds for c in args.concurrency}
+    wall = dict.fromkeys(results, 0.0)
+    servers_info = {}
+    for kinds, rounds in sessions:
         live = {}
         try:
-            for kind in group:
+            for kind in kinds:
                 server = server_for(kind)
                 bar.set_postfix_str(f"starting {kind}")
                 try:
@@ -231,30 +245,31 @@ def main(argv=None) -> int:
                     servers_info[kind] = {"command": server.command, "error": str(e)[-2000:]}
                     server.stop()
             for c in args.concurrency:
-                results, wall = {k: [] for k in live}, dict.fromkeys(live, 0.0)
-                for r in range(args.rounds):
-                    kinds = list(live)[r % len(live):] + list(live)[:r % len(live)] if live else []
-                    for kind in kinds:
+                for r in rounds:
+                    order = list(live)[r % len(live):] + list(live)[:r % len(live)] if live else []
+                    for kind in order:
                         bar.set_postfix_str(f"{kind} c={c}" + (f" round {r + 1}" if args.rounds > 1 else ""))
                         res, w = run_requests(live[kind].url, texts_for(c), c, args.output_len, sampling, bar)
-                        results[kind] += res
-                        wall[kind] += w
-                for kind in live:
-                    row = {"kind": kind, **summarize(c, results[kind], wall[kind])}
-                    rows.append(row)
-                    tqdm.write(f"{kind:8s} c={c:3d}  {row['output_tok_s']:8.2f} tok/s  "
-                               f"ttft p50 {row['ttft_p50_s']:.2f}s  itl p50 {row['itl_p50_s'] * 1000:.0f}ms  "
-                               f"e2e p50/p99 {row['e2e_p50_s']:.1f}/{row['e2e_p99_s']:.1f}s  "
-                               f"accept {row['accept_length_mean']}")
+                        results[kind, c] += res
+                        wall[kind, c] += w
         finally:
             for server in live.values():
                 server.stop()
     bar.close()
+    rows = []
+    for c in args.concurrency:
+        for kind in args.kinds:
+            if results[kind, c]:
+                row = {"kind": kind, **summarize(c, results[kind, c], wall[kind, c])}
+                rows.append(row)
+                print(f"{kind:8s} c={c:3d}  {row['output_tok_s']:8.2f} tok/s  ttft p50 {row['ttft_p50_s']:.2f}s  "
+                      f"itl p50 {row['itl_p50_s'] * 1000:.0f}ms  e2e p50/p99 {row['e2e_p50_s']:.1f}/"
+                      f"{row['e2e_p99_s']:.1f}s  accept {row['accept_length_mean']}")
 
     info = run_info()
     payload = {**info, "device": device, "model": args.model, "draft": args.draft, "output_len": args.output_len,
                "sampling": sampling, "prompts": {"mtbench": args.mtbench, "sharegpt": args.sharegpt},
-               "rounds": args.rounds,
+               "rounds": args.rounds, "restart": args.restart,
                "servers": servers_info, "rows": rows}
     json_path = RESULTS / f"{name}.json"
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
