@@ -165,7 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--num-draft-tokens", type=int)
-    p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers")
+    p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers (0 = no cap; default: the "
+                        "server's, 8 on a CPU)")
     p.add_argument("--draft-widths", type=int, nargs="+",
                    help="candidate verify widths of the adaptive policy (default 1 2 4 8 and the full width)")
     p.add_argument("--rounds", type=int, default=1,

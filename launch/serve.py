@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     s.add_argument("--draft-widths", type=int, nargs="+",
                    help="candidate verify widths of the adaptive policy (default 1 2 4 8 and the full width)")
     s.add_argument("--max-draft-batch", type=int,
-                   help="never draft above this decode batch size (default 0 = no cap)")
+                   help="never draft above this decode batch size (0 = no cap; default 8 on a CPU, no cap on a GPU)")
     s.add_argument("--max-total-tokens", type=int)
     s.add_argument("--dtype")
     s.add_argument("--log")

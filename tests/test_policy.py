@@ -104,6 +104,16 @@ def test_env_errors_are_clear(monkeypatch):
     assert p.mode == "always" and p.max_batch == 8
 
 
+def test_the_batch_cap_defaults_to_the_callers_and_0_lifts_it(monkeypatch):
+    monkeypatch.delenv("SGLANG_DOMINO_MAX_DRAFT_BATCH", raising=False)
+    assert DraftPolicy.from_env(16).max_batch == 0
+    policy = DraftPolicy.from_env(16, default_max_batch=8)
+    assert policy.max_batch == 8 and "batch cap 8" in policy.describe()
+    assert policy.width(9) == 1  # above the cap: plain steps, whatever the rates
+    monkeypatch.setenv("SGLANG_DOMINO_MAX_DRAFT_BATCH", "0")
+    assert DraftPolicy.from_env(16, default_max_batch=8).max_batch == 0
+
+
 def test_policy_env_is_what_from_env_reads(monkeypatch):
     from sglang_domino.serving.policy import policy_env
 

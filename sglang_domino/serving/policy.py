@@ -18,7 +18,9 @@ speed, never output.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
-    SGLANG_DOMINO_MAX_DRAFT_BATCH  N > 0: never draft for decode batches larger than N (0 = no cap)
+    SGLANG_DOMINO_MAX_DRAFT_BATCH  N > 0: never draft for decode batches larger than N; 0: no cap
+                                   (default: 8 on a CPU, where the sweeps found drafting above it slower than
+                                   plain steps; no cap on a GPU)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ MAX_DRAFT_BATCH_ENV = "SGLANG_DOMINO_MAX_DRAFT_BATCH"
 WIDTHS_ENV = "SGLANG_DOMINO_DRAFT_WIDTHS"
 DEFAULT_WIDTHS = (1, 2, 4, 8)  # plus the full width; 2 is the cheapest probe of whether drafting pays
 POLICIES = ("adaptive", "always")
+CPU_MAX_DRAFT_BATCH = 8  # README, Benchmarks: on the 2-core CPU, drafting at batch 16-32 lost to plain steps
 
 
 class PolicyError(ValueError):
@@ -49,10 +52,11 @@ def policy_from_env() -> str:
     return _check_mode(value, f"{POLICY_ENV}={value!r}")
 
 
-def max_draft_batch_from_env() -> int:
+def max_draft_batch_from_env(default: int = 0) -> int:
+    """The batch cap set by ``MAX_DRAFT_BATCH_ENV``, else ``default`` (0 = no cap)."""
     raw = os.environ.get(MAX_DRAFT_BATCH_ENV, "").strip()
     if not raw:
-        return 0
+        return default
     try:
         value = int(raw)
     except ValueError as e:
@@ -118,8 +122,8 @@ class DraftPolicy:
         self._news = False
 
     @classmethod
-    def from_env(cls, full_width: int) -> "DraftPolicy":
-        return cls(policy_from_env(), max_draft_batch_from_env(), widths_from_env(full_width))
+    def from_env(cls, full_width: int, default_max_batch: int = 0) -> "DraftPolicy":
+        return cls(policy_from_env(), max_draft_batch_from_env(default_max_batch), widths_from_env(full_width))
 
     @staticmethod
     def _bucket_width(batch_size: int) -> int:

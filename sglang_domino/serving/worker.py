@@ -36,7 +36,7 @@ import torch
 from ..drafter import load_drafter, vocab_logits
 from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton on CUDA, torch reference on CPU
 from .context import ContextPool
-from .policy import DraftPolicy
+from .policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
 from .sampling import draft_batch_sampling, sglang_probs
 
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -115,7 +115,8 @@ class DominoWorker(BaseSpecWorker):
 
         self.block_size = int(self.cfg.block_size)
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens or self.block_size)
-        self.policy = DraftPolicy.from_env(self.num_draft_tokens)
+        self.policy = DraftPolicy.from_env(self.num_draft_tokens,
+                                           CPU_MAX_DRAFT_BATCH if self.device.type == "cpu" else 0)
         self.context = None
         self.steps = 0
         logger.info(
