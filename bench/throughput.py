@@ -14,6 +14,7 @@ accept length that SGLang reports in each response's meta_info.
     python bench/throughput.py --draft D --kinds baseline domino ngram --output-len 128 --requests 32
     python bench/throughput.py --draft D --kinds baseline domino domino-w1 domino-w2 --rounds 3
                                               # fixed widths beside adaptive, interleaved against machine drift
+    python bench/throughput.py --draft D --rounds 4 --restart   # the README's reference runs: fresh servers each round
 
 Writes bench/results/<name>.json and .csv (with command, git commit, machine, date) and a PNG.
 """
@@ -165,8 +166,9 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--num-draft-tokens", type=int)
-    p.add_argument("--max-draft-batch", type=int, help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers (0 = no cap; default: the "
-                        "server's, 8 on a CPU)")
+    p.add_argument("--max-draft-batch", type=int,
+                   help="SGLANG_DOMINO_MAX_DRAFT_BATCH for the domino servers (0 = no cap; default: the server's, "
+                        "8 on a CPU)")
     p.add_argument("--draft-widths", type=int, nargs="+",
                    help="candidate verify widths of the adaptive policy (default 1 2 4 8 and the full width)")
     p.add_argument("--rounds", type=int, default=1,
