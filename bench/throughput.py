@@ -3,9 +3,9 @@
 
 For each server kind (started here, one at a time, and stopped afterwards; with --rounds R > 1 all at
 once, each level then run R times per server with the servers taking turns; with --restart as well, the
-servers are started afresh for every round, since one process's speed differs from the next one's) and each concurrency
-level, a fixed set of prompts (MT-Bench first turns + held-out ShareGPT first turns, chat template
-applied by the server) is sent through /generate with streaming, a fixed output length
+servers are started afresh for every round, since one process's speed differs from the next one's) and
+each concurrency level, a fixed set of prompts (MT-Bench first turns + held-out ShareGPT first turns, chat
+template applied by the server) is sent through /generate with streaming, a fixed output length
 (ignore_eos) and greedy decoding unless --temperature is given. Per level it records output tok/s,
 TTFT, inter-token latency (ITL = (e2e - TTFT) / (tokens - 1) per request), e2e p50/p99 and the
 accept length that SGLang reports in each response's meta_info.

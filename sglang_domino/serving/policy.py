@@ -19,8 +19,8 @@ speed, never output.
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
     SGLANG_DOMINO_MAX_DRAFT_BATCH  N > 0: never draft for decode batches larger than N; 0: no cap
-                                   (default: 8 on a CPU, where the sweeps found drafting above it slower than
-                                   plain steps; no cap on a GPU)
+                                   (default: 8 on a CPU, where the sweeps found drafting at batch 16 slower
+                                   than plain steps; no cap on a GPU)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ MAX_DRAFT_BATCH_ENV = "SGLANG_DOMINO_MAX_DRAFT_BATCH"
 WIDTHS_ENV = "SGLANG_DOMINO_DRAFT_WIDTHS"
 DEFAULT_WIDTHS = (1, 2, 4, 8)  # plus the full width; 2 is the cheapest probe of whether drafting pays
 POLICIES = ("adaptive", "always")
-CPU_MAX_DRAFT_BATCH = 8  # README, Benchmarks: on the 2-core CPU, drafting at batch 16-32 lost to plain steps
+CPU_MAX_DRAFT_BATCH = 8  # README, Benchmarks: on the 2-core CPU, drafting at batch 16 lost to plain steps
 
 
 class PolicyError(ValueError):
