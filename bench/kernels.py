@@ -6,7 +6,8 @@ Rollout (greedy, block 16 = 15 proposals, random weights at the real shapes):
     eager_aten    an ATen gru_cell loop in the weights' dtype with full-vocabulary argmax, the way SGLang's
                   built-in domino_greedy_rollout runs with candidate_pool_size=0
 each as plain eager calls (wall clock, launch overhead included) and replayed from a CUDA graph (GPU
-time). Also: temperature sampling rollout, greedy and sampled verification (triton vs reference).
+time). Also: temperature sampling rollout, greedy and sampled verification (triton vs reference), and
+with --tune the greedy rollout under other tile sizes (``tile_sweep``).
 
 On CUDA everything is timed at batch 1..64 for SmolLM2-135M and Qwen3-8B shapes. On CPU only the torch
 paths run, on a small subset, and the JSON says ``"cpu_reference_only": true``: that exists to keep this
@@ -200,7 +201,55 @@ def run(args) -> dict:
                 bench_one(results, {**rec, "op": "verify_sampled", "method": method}, fn, device, args, cuda)
         if cuda:
             torch.cuda.empty_cache()
-    return {"device": str(device), "cpu_reference_only": not cuda, "results": results, "checks": checks}
+    tune = sweep_tiles(args, device, dtype, n, kr) if cuda and args.tune else []
+    return {"device": str(device), "cpu_reference_only": not cuda, "results": results, "checks": checks,
+            "tile_sweep": tune}
+
+
+TILE_CONFIGS = [  # (BLOCK_V, NUM_WARPS, BLOCK_K) of kernels/rollout.py; the first is its default
+    (128, 4, 32), (64, 4, 32), (256, 4, 32), (128, 8, 32), (128, 4, 64), (256, 8, 64),
+]
+
+
+def sweep_tiles(args, device, dtype, n, kr) -> list[dict]:
+    """Greedy rollout (CUDA graph) under other tile sizes at the largest model's shapes, batch 1 and 64;
+    each config's tokens are checked against the default's."""
+    model = args.models[-1]
+    shape = MODELS[model]
+    weights = make_weights(shape, dtype, device)
+    defaults = (kr.BLOCK_V, kr.NUM_WARPS, kr.BLOCK_K)
+    out = []
+    for b in (1, 64):
+        inp = make_inputs(shape, weights, b, n, dtype, device)
+        want, _ = kr.rollout(**inp)
+        for bv, warps, bk in TILE_CONFIGS:
+            kr.BLOCK_V, kr.NUM_WARPS, kr.BLOCK_K = bv, warps, bk
+            rec = dict(model=model, batch=b, block_v=bv, num_warps=warps, block_k=bk)
+            try:
+                got, _ = kr.rollout(**inp)
+                rec["same_tokens"] = bool(torch.equal(got, want))
+                rec.update(time_graph(lambda: kr.rollout(**inp), args.warmup, args.iters))
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = repr(exc)[:500]
+            finally:
+                kr.BLOCK_V, kr.NUM_WARPS, kr.BLOCK_K = defaults
+            out.append(rec)
+            print(f"tiles {model} b={b:<3} V{bv:<4} w{warps} K{bk:<3} "
+                  + (f"{rec['median_us']:10.1f} us same={rec['same_tokens']}" if "median_us" in rec else rec["error"]),
+                  flush=True)
+    return out
+
+
+def print_summary(results: list[dict]) -> None:
+    """Greedy rollout per model and batch: each method's median (eager / graph) and eager_aten over triton."""
+    t = {(r["model"], r["batch"], r["method"], r["mode"]): r["median_us"]
+         for r in results if r["op"] == "rollout_greedy" and "median_us" in r}
+    print("\nrollout_greedy median us (eager / graph); speedup = eager_aten / triton, same mode")
+    for model, b in sorted({k[:2] for k in t}, key=lambda k: (k[0], k[1])):
+        us = lambda m, mode: t.get((model, b, m, mode), float("nan"))  # noqa: E731
+        cells = [f"{m} {us(m, 'eager'):.0f}/{us(m, 'graph'):.0f}" for m in ("triton", "eager_aten", "reference")]
+        ratio = [us("eager_aten", mode) / us("triton", mode) for mode in ("eager", "graph")]
+        print(f"{model:>13} b={b:<3} " + "  ".join(cells) + f"  speedup {ratio[0]:.2f}x / {ratio[1]:.2f}x")
 
 
 def main(argv=None):
@@ -211,6 +260,7 @@ def main(argv=None):
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--tune", action="store_true", help="CUDA: also time the rollout under other tile sizes")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/kernels-<device>.json)")
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -222,6 +272,7 @@ def main(argv=None):
         torch.set_num_threads(min(2, torch.get_num_threads()))
         print("CPU: timing the torch reference paths only (no Triton); not kernel measurements", flush=True)
     payload = run(args)
+    print_summary(payload["results"])
     out = Path(args.out) if args.out else RESULTS / f"kernels-{'cuda' if cuda else 'cpu'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**run_info(), **payload}, indent=2) + "\n")

@@ -41,10 +41,14 @@ SPEED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "SGLANG_CP
 
 
 def run_info() -> dict:
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit == "unknown":  # a copy of the tree without .git (the GPU check's machine): the caller says
+        commit = os.environ.get("SGLANG_DOMINO_COMMIT", commit)
+    elif _git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
     return {
         "command": " ".join(shlex.quote(a) for a in [sys.executable.split("/")[-1], *sys.argv]),
-        "commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else ""),
+        "commit": commit,
         "machine": machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "env": {k: os.environ[k] for k in SPEED_ENV if k in os.environ},
