@@ -7,7 +7,8 @@ Rollout (greedy, block 16 = 15 proposals, random weights at the real shapes):
                   built-in domino_greedy_rollout runs with candidate_pool_size=0
 each as plain eager calls (wall clock, launch overhead included) and replayed from a CUDA graph (GPU
 time). Also: temperature sampling rollout, greedy and sampled verification (triton vs reference), and
-with --tune the greedy rollout under other tile sizes (``tile_sweep``).
+with --tune the greedy rollout under other tile sizes (``tile_sweep``), with --profile the device time
+per kernel of one rollout (``profile``).
 
 On CUDA everything is timed at batch 1..64 for SmolLM2-135M and Qwen3-8B shapes. On CPU only the torch
 paths run, on a small subset, and the JSON says ``"cpu_reference_only": true``: that exists to keep this
@@ -202,12 +203,14 @@ def run(args) -> dict:
         if cuda:
             torch.cuda.empty_cache()
     tune = sweep_tiles(args, device, dtype, n, kr) if cuda and args.tune else []
+    prof = profile_kernels(args, device, dtype, n, kr) if cuda and args.profile else []
     return {"device": str(device), "cpu_reference_only": not cuda, "results": results, "checks": checks,
-            "tile_sweep": tune}
+            "tile_sweep": tune, "profile": prof}
 
 
-TILE_CONFIGS = [  # (BLOCK_V, NUM_WARPS, BLOCK_K) of kernels/rollout.py; the first is its default
-    (128, 4, 32), (64, 4, 32), (256, 4, 32), (128, 8, 32), (128, 4, 64), (256, 8, 64),
+TILE_CONFIGS = [  # module globals of kernels/rollout.py to override; {} is its default
+    {}, {"NATIVE_DOT": False}, {"BLOCK_V": 64}, {"BLOCK_V": 256}, {"BLOCK_K": 64}, {"NUM_WARPS": 8},
+    {"K_CHUNK": 256}, {"K_CHUNK": 256, "BLOCK_N": 32}, {"BLOCK_G": 32},
 ]
 
 
@@ -217,26 +220,62 @@ def sweep_tiles(args, device, dtype, n, kr) -> list[dict]:
     model = args.models[-1]
     shape = MODELS[model]
     weights = make_weights(shape, dtype, device)
-    defaults = (kr.BLOCK_V, kr.NUM_WARPS, kr.BLOCK_K)
     out = []
     for b in (1, 64):
         inp = make_inputs(shape, weights, b, n, dtype, device)
         want, _ = kr.rollout(**inp)
-        for bv, warps, bk in TILE_CONFIGS:
-            kr.BLOCK_V, kr.NUM_WARPS, kr.BLOCK_K = bv, warps, bk
-            rec = dict(model=model, batch=b, block_v=bv, num_warps=warps, block_k=bk)
+        for config in TILE_CONFIGS:
+            saved = {k: getattr(kr, k) for k in config}
+            rec = dict(model=model, batch=b, config=config)
             try:
+                for k, v in config.items():
+                    setattr(kr, k, v)
                 got, _ = kr.rollout(**inp)
                 rec["same_tokens"] = bool(torch.equal(got, want))
                 rec.update(time_graph(lambda: kr.rollout(**inp), args.warmup, args.iters))
             except Exception as exc:  # noqa: BLE001
                 rec["error"] = repr(exc)[:500]
             finally:
-                kr.BLOCK_V, kr.NUM_WARPS, kr.BLOCK_K = defaults
+                for k, v in saved.items():
+                    setattr(kr, k, v)
             out.append(rec)
-            print(f"tiles {model} b={b:<3} V{bv:<4} w{warps} K{bk:<3} "
-                  + (f"{rec['median_us']:10.1f} us same={rec['same_tokens']}" if "median_us" in rec else rec["error"]),
+            print(f"tiles {model} b={b:<3} {str(config):<34} "
+                  + (f"{rec['median_us']:8.1f} us same={rec['same_tokens']}" if "median_us" in rec else rec["error"]),
                   flush=True)
+    return out
+
+
+def profile_kernels(args, device, dtype, n, kr) -> list[dict]:
+    """Device time per kernel (torch.profiler) of one greedy rollout, triton and eager_aten, at the largest
+    model's shapes, batch 1 and 64: where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = args.models[-1]
+    shape = MODELS[model]
+    weights = make_weights(shape, dtype, device)
+    out = []
+    for b in (1, 64):
+        inp = make_inputs(shape, weights, b, n, dtype, device)
+        for method, fn in (("triton", lambda: kr.rollout(**inp)), ("eager_aten", lambda: eager_aten_rollout(**inp))):
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            reps = 5
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    fn()
+                torch.cuda.synchronize()
+            rows = []
+            for e in prof.key_averages():
+                us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+                if us > 0:
+                    rows.append(dict(kernel=e.key[:80], calls=e.count // reps, us_per_rollout=us / reps))
+            rows.sort(key=lambda r: -r["us_per_rollout"])
+            total = sum(r["us_per_rollout"] for r in rows)
+            out.append(dict(model=model, batch=b, method=method, total_us=total, kernels=rows[:12]))
+            print(f"profile {model} b={b} {method}: {total:.0f} us of kernels per rollout")
+            for r in rows[:8]:
+                print(f"    {r['us_per_rollout']:8.1f} us  {r['calls']:4d}x  {r['kernel']}")
     return out
 
 
@@ -261,6 +300,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--tune", action="store_true", help="CUDA: also time the rollout under other tile sizes")
+    ap.add_argument("--profile", action="store_true", help="CUDA: device time per kernel of one rollout")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/kernels-<device>.json)")
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")

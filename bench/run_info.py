@@ -41,11 +41,11 @@ SPEED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "SGLANG_CP
 
 
 def run_info() -> dict:
-    commit = _git("rev-parse", "--short", "HEAD")
-    if commit == "unknown":  # a copy of the tree without .git (the GPU check's machine): the caller says
-        commit = os.environ.get("SGLANG_DOMINO_COMMIT", commit)
-    elif _git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
+    commit = os.environ.get("SGLANG_DOMINO_COMMIT")  # a copy of the tree whose .git (if any) is not its own
+    if not commit:
+        commit = _git("rev-parse", "--short", "HEAD")
+        if commit != "unknown" and _git("status", "--porcelain", "--untracked-files=no"):
+            commit += "+dirty"
     return {
         "command": " ".join(shlex.quote(a) for a in [sys.executable.split("/")[-1], *sys.argv]),
         "commit": commit,

@@ -28,10 +28,10 @@ launches: capture them in a CUDA graph to hide the launch cost (the greedy path 
 
 Numerics follow the reference: the GRU runs in fp32 on fp32-cast weights; the correction is computed the
 way ``correction`` computes it in the weights' dtype (fp32 accumulation, rounded to that dtype after
-each Linear and after the SiLU; ``s`` is rounded to it first), then added in fp32. Operands that come
-from 16-bit tensors are multiplied as fp32 with ``input_precision="tf32"``, which is exact for them
-(their mantissas fit in tf32's); true fp32 operands use ``F32_DOT`` ("tf32x3" by default; set
-``SGLANG_DOMINO_F32_DOT=ieee`` for plain fp32 FMAs).
+each Linear and after the SiLU; ``s`` is rounded to it first), then added in fp32. Operands that are
+exact in one 16-bit dtype are multiplied by native 16-bit MMAs (``NATIVE_DOT``; else as fp32 with
+``input_precision="tf32"``, also exact for them); true fp32 operands use ``F32_DOT`` ("tf32x3" by
+default; set ``SGLANG_DOMINO_F32_DOT=ieee`` for plain fp32 FMAs).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from sglang_domino.rollout import rollout as rollout_reference  # noqa: F401  (t
 from sglang_domino.sampling import BatchSampling, draft_probs
 
 F32_DOT = os.environ.get("SGLANG_DOMINO_F32_DOT", "tf32x3")
+NATIVE_DOT = True  # 16-bit operands: native 16-bit MMAs rather than tf32 on fp32-cast tiles (see _prec)
 
 # Tile sizes (read at call time, so tests can shrink them to exercise multi-tile paths).
 BLOCK_V = 128  # vocabulary tile of the logits / sample kernels
@@ -75,6 +76,16 @@ def _round(x, RND: tl.constexpr):
 
 
 @triton.jit
+def _dot(a, w, acc, PREC: tl.constexpr):
+    """acc + a @ w with fp32 accumulation. PREC "native": a 16-bit MMA in w's dtype (a's values must be
+    exact in it); else both sides as fp32 with that input_precision."""
+    if PREC == "native":
+        return tl.dot(a.to(w.dtype), w, acc)
+    else:
+        return tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision=PREC)
+
+
+@triton.jit
 def _tanh(x):
     return 2.0 * tl.sigmoid(2.0 * x) - 1.0
 
@@ -100,7 +111,7 @@ def _zproj_kernel(
         k_ok = ks < H
         x = tl.load(z_ptr + rows64[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w1_ptr + cols[None, :] * (H + G) + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=PREC)
+        acc = _dot(x, w, acc, PREC)
     tl.store(out_ptr + rows64[:, None] * E + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -132,7 +143,7 @@ def _gates_kernel(
                         other=0.0)
             w = tl.load(w_ih_ptr + cols[None, :].to(tl.int64) * H + ks[:, None], mask=k_ok[:, None] & col_ok[None, :],
                         other=0.0)
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=X_PREC)
+            acc = _dot(x, w, acc, X_PREC)
     else:
         k_start = (pid_k - split_x) * K_CHUNK
         for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, G), BLOCK_K):
@@ -194,7 +205,7 @@ def _gru_kernel(
             e_ok = es < E
             w = tl.load(w1_ptr + es[None, :] * (H + G) + H + cols[:, None], mask=col_ok[:, None] & e_ok[None, :],
                         other=0.0)
-            part = tl.dot(s_r, w.to(tl.float32), input_precision=PREC)
+            part = _dot(s_r, w, tl.zeros([BLOCK_B, BLOCK_E], tl.float32), PREC)
             tl.store(hpart_ptr + (pid_g * B + rows[:, None]) * E + es[None, :], part,
                      mask=row_ok[:, None] & e_ok[None, :])
 
@@ -251,7 +262,7 @@ def _logits_kernel(
             h = tl.load(hid_ptr + rows[:, None] * E + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w2_ptr + vs[None, :].to(tl.int64) * E + ks[:, None], mask=k_ok[:, None] & v_ok[None, :],
                         other=0.0)
-            acc = tl.dot(h, w.to(tl.float32), acc, input_precision=PREC)
+            acc = _dot(h, w, acc, PREC)
         logits = logits + _round(acc, RND)
     out_offs = out_off + rows64[:, None] * out_stride_b + vs[None, :]
     if MODE == 2:
@@ -356,9 +367,19 @@ def _rnd_code(dtype: torch.dtype) -> int:
     return {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
 
 
+def _interpreted() -> bool:
+    """Under TRITON_INTERPRET=1: Triton 3.8's interpreter gets 16-bit tl.dot wrong (garbage), so
+    interpreted runs multiply as tf32 and the native MMAs are checked by the compiled (CUDA) tests."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
 def _prec(*dtypes: torch.dtype) -> str:
-    """tf32 is exact for operands cast from 16-bit floats; true fp32 operands need F32_DOT."""
-    return "tf32" if all(d in (torch.bfloat16, torch.float16) for d in dtypes) else F32_DOT
+    """Operands all of one 16-bit dtype: a native MMA in it (NATIVE_DOT) or tf32, both exact for them;
+    mixed 16-bit dtypes: tf32; true fp32 operands: F32_DOT."""
+    if all(d in (torch.bfloat16, torch.float16) for d in dtypes):
+        native = NATIVE_DOT and len(set(dtypes)) == 1 and not _interpreted()
+        return "native" if native else "tf32"
+    return F32_DOT
 
 
 def _needs_torch_probs(sampling: BatchSampling) -> bool:
@@ -425,7 +446,7 @@ def rollout(
         if z.dtype != w1.dtype:
             raise ValueError(f"z ({z.dtype}) and the head ({w1.dtype}) must share a dtype, as in the reference")
         emb = _unit_last(embed)
-        rnd, c_prec, x_prec = _rnd_code(w1.dtype), _prec(w1.dtype), _prec(embed.dtype, w_ih.dtype)
+        rnd, c_prec, x_prec = _rnd_code(w1.dtype), _prec(w1.dtype, w2.dtype), _prec(embed.dtype, w_ih.dtype)
         s_cur, s_next = torch.empty(b, gru, **f32), torch.empty(b, gru, **f32)
         hid = torch.empty(b, emb_dim, **f32)
         zproj = torch.empty(b, n, emb_dim, **f32)
