@@ -209,8 +209,8 @@ def run(args) -> dict:
 
 
 TILE_CONFIGS = [  # module globals of kernels/rollout.py to override; {} is its default
-    {}, {"NATIVE_DOT": False}, {"BLOCK_V": 64}, {"BLOCK_V": 256}, {"BLOCK_K": 64}, {"NUM_WARPS": 8},
-    {"K_CHUNK": 256}, {"K_CHUNK": 256, "BLOCK_N": 32}, {"BLOCK_G": 32},
+    {}, {"NATIVE_DOT": False}, {"BLOCK_K": 32}, {"BLOCK_K": 128}, {"BLOCK_V": 64}, {"BLOCK_V": 64, "BLOCK_K": 128},
+    {"K_CHUNK": 1024}, {"BLOCK_N": 128},
 ]
 
 

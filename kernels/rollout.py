@@ -6,8 +6,10 @@ One step of the chain, for the whole batch at once, is a few launches. The matmu
 weight-stationary (a program owns a tile of a weight matrix and multiplies every batch row by it, so a
 weight is read once per step whatever the batch); vocabulary-wide results are combined per row:
 
-    _zproj_kernel      z @ w1[:, :H]^T for all steps (once, before the loop)  grid (E tiles, row blocks)
-    _hidden_kernel     hid = silu(zproj_i + sum of the s @ w1[:, H:]^T shares) grid (E tiles, row blocks)
+    _zproj_kernel      split-K partials of z @ w1[:, :H]^T for all steps      grid (E tiles, K chunks, row blocks)
+                       (once, before the loop)
+    _hidden_kernel     hid = silu(sum of the zproj_i partials + sum of the    grid (E tiles, row blocks)
+                       s @ w1[:, H:]^T shares)
     _logits_kernel     l = base_i + hid @ w2^T; per-tile max / first argmax,  grid (V tiles, row blocks)
                        for sampling also l / T -> q and per-tile sum of exp
     _row_reduce_kernel combine a row's tiles: first argmax -> tokens[:, i];    grid (rows,)
@@ -52,11 +54,11 @@ NATIVE_DOT = True  # 16-bit operands: native 16-bit MMAs rather than tf32 on fp3
 # Tile sizes (read at call time, so tests can shrink them to exercise multi-tile paths).
 BLOCK_V = 128  # vocabulary tile of the logits / sample kernels
 BLOCK_T = 1024  # how many per-tile partials one step of _row_reduce_kernel reads
-BLOCK_N = 64  # output tile of the GRU gate products (3G outputs) and of _zproj_kernel (E outputs)
+BLOCK_N = 64  # output tile of the GRU gate products (3G outputs)
 K_CHUNK = 512  # split-K: each _gates_kernel program reduces this many inputs
 BLOCK_G = 64  # GRU state tile of _gru_kernel
 BLOCK_E = 32  # embed_proj hidden tile
-BLOCK_K = 32  # reduction (K) tile of every matmul
+BLOCK_K = 64  # reduction (K) tile of every matmul
 NUM_WARPS = 4
 
 _MODE_ARGMAX, _MODE_SOFTMAX, _MODE_RAW = 0, 1, 2
@@ -95,24 +97,28 @@ def _tanh(x):
 def _zproj_kernel(
     z_ptr,  # [M, H] contiguous (all b * n backbone states)
     w1_ptr,  # [E, H + G] contiguous; only its first H columns are used
-    out_ptr,  # [M, E] fp32
+    out_ptr,  # [K chunks, M, E] fp32
     M, H, G, E,
     PREC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
 ):
-    """The step-independent half of embed_proj's first Linear for the whole block: z @ w1[:, :H]^T."""
+    """The step-independent half of embed_proj's first Linear for the whole block, z @ w1[:, :H]^T, as
+    split-K partials: program (e, k) covers K_CHUNK of the H inputs."""
     cols = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    pid_k = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < M
     col_ok = cols < E
     rows64 = rows.to(tl.int64)
     acc = tl.zeros([BLOCK_B, BLOCK_E], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
+    k_hi = tl.minimum(pid_k * K_CHUNK + K_CHUNK, H)  # a chunk may be shorter than BLOCK_K
+    for k0 in range(pid_k * K_CHUNK, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < H
+        k_ok = ks < k_hi
         x = tl.load(z_ptr + rows64[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w1_ptr + cols[None, :] * (H + G) + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = _dot(x, w, acc, PREC)
-    tl.store(out_ptr + rows64[:, None] * E + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(out_ptr + (pid_k * M + rows64[:, None]) * E + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -136,9 +142,10 @@ def _gates_kernel(
     acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     if pid_k < split_x:
         tok = tl.load(tok_ptr + rows * tok_stride, mask=row_ok, other=0).to(tl.int64)
-        for k0 in range(pid_k * K_CHUNK, tl.minimum(pid_k * K_CHUNK + K_CHUNK, H), BLOCK_K):
+        k_hi = tl.minimum(pid_k * K_CHUNK + K_CHUNK, H)  # a chunk may be shorter than BLOCK_K
+        for k0 in range(pid_k * K_CHUNK, k_hi, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < H
+            k_ok = ks < k_hi
             x = tl.load(embed_ptr + tok[:, None] * embed_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
             w = tl.load(w_ih_ptr + cols[None, :].to(tl.int64) * H + ks[:, None], mask=k_ok[:, None] & col_ok[None, :],
@@ -146,9 +153,10 @@ def _gates_kernel(
             acc = _dot(x, w, acc, X_PREC)
     else:
         k_start = (pid_k - split_x) * K_CHUNK
-        for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, G), BLOCK_K):
+        k_hi = tl.minimum(k_start + K_CHUNK, G)
+        for k0 in range(k_start, k_hi, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < G
+            k_ok = ks < k_hi
             x = tl.load(s_ptr + rows[:, None] * G + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_hh_ptr + cols[None, :] * G + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             acc = tl.dot(x, w.to(tl.float32), acc, input_precision=H_PREC)
@@ -212,7 +220,8 @@ def _gru_kernel(
 
 @triton.jit
 def _hidden_kernel(
-    zp_ptr, zp_stride_b, zp_off,  # zproj[:, i] = zp_ptr + zp_off + row * zp_stride_b, [b, E] fp32
+    zp_ptr, zp_stride_b, zp_off, zp_parts, zp_stride_p,  # zproj partial p of step i, [b, E] fp32, at
+    # zp_ptr + p * zp_stride_p + zp_off + row * zp_stride_b
     hpart_ptr, n_parts,  # [n_parts, b, E] fp32 shares of round(s) @ w1[:, H:]^T
     hid_ptr,  # [b, E] fp32 out (values rounded to the head's dtype)
     B, E,
@@ -222,7 +231,10 @@ def _hidden_kernel(
     cols = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     mask = (rows < B)[:, None] & (cols < E)[None, :]
-    acc = tl.load(zp_ptr + zp_off + rows[:, None] * zp_stride_b + cols[None, :], mask=mask, other=0.0)
+    acc = tl.zeros([BLOCK_B, BLOCK_E], tl.float32)
+    for p in range(0, zp_parts):  # fixed order: deterministic
+        acc += tl.load(zp_ptr + p * zp_stride_p + zp_off + rows[:, None] * zp_stride_b + cols[None, :], mask=mask,
+                       other=0.0)
     for p in range(0, n_parts):
         acc += tl.load(hpart_ptr + (p * B + rows[:, None]) * E + cols[None, :], mask=mask, other=0.0)
     pre = _round(acc, RND)
@@ -449,11 +461,12 @@ def rollout(
         rnd, c_prec, x_prec = _rnd_code(w1.dtype), _prec(w1.dtype, w2.dtype), _prec(embed.dtype, w_ih.dtype)
         s_cur, s_next = torch.empty(b, gru, **f32), torch.empty(b, gru, **f32)
         hid = torch.empty(b, emb_dim, **f32)
-        zproj = torch.empty(b, n, emb_dim, **f32)
+        split_z = triton.cdiv(hidden, K_CHUNK)
+        zproj = torch.empty(split_z, b * n, emb_dim, **f32)
         if n > pure_prefix_len:
-            _zproj_kernel[(triton.cdiv(emb_dim, BLOCK_N), triton.cdiv(b * n, bb))](
+            _zproj_kernel[(triton.cdiv(emb_dim, BLOCK_E), split_z, triton.cdiv(b * n, bb))](
                 z.contiguous(), w1, zproj, b * n, hidden, gru, emb_dim,
-                PREC=c_prec, BLOCK_B=bb, BLOCK_E=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps,
+                PREC=c_prec, BLOCK_B=bb, BLOCK_E=BLOCK_E, BLOCK_K=BLOCK_K, K_CHUNK=K_CHUNK, num_warps=warps,
             )
         split_x, split_h = triton.cdiv(hidden, K_CHUNK), triton.cdiv(gru, K_CHUNK)
         gates = torch.empty(split_x + split_h, b, 3 * gru, **f32)
@@ -488,7 +501,7 @@ def rollout(
         corr = head is not None and i >= pure_prefix_len
         if corr:
             _hidden_kernel[(triton.cdiv(emb_dim, BLOCK_E), rb)](
-                zproj, zproj.stride(0), i * emb_dim, hpart, n_g, hid, b, emb_dim,
+                zproj, n * emb_dim, i * emb_dim, split_z, zproj.stride(0), hpart, n_g, hid, b, emb_dim,
                 RND=rnd, BLOCK_B=bb, BLOCK_E=BLOCK_E, num_warps=warps,
             )
         mode = _MODE_ARGMAX if sampling is None else (_MODE_RAW if torch_probs else _MODE_SOFTMAX)

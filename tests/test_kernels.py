@@ -157,9 +157,10 @@ def test_rollout_prefix_and_backbone_only(pure_prefix_len, head):
 
 
 def test_rollout_many_tiles(monkeypatch):
-    """Small tiles: several chunks of per-tile partials, several split-K chunks, G and E tiles, all
-    ragged, and b > 64 (two row blocks)."""
-    for name, value in dict(BLOCK_V=16, BLOCK_T=16, K_CHUNK=32, BLOCK_N=16, BLOCK_G=16, BLOCK_E=16).items():
+    """Small tiles: several chunks of per-tile partials, several split-K chunks (shorter than a K tile),
+    G and E tiles, all ragged, and b > 64 (two row blocks)."""
+    tiles = dict(BLOCK_V=16, BLOCK_T=16, K_CHUNK=32, BLOCK_K=64, BLOCK_N=16, BLOCK_G=16, BLOCK_E=16)
+    for name, value in tiles.items():
         monkeypatch.setattr(kr, name, value)
     case = _case(70, 3, 72, 24, 20, 301, torch.bfloat16, seed=3)
     tok, _ = kr.rollout(**case)
