@@ -209,8 +209,7 @@ def run(args) -> dict:
 
 
 TILE_CONFIGS = [  # module globals of kernels/rollout.py to override; {} is its default
-    {}, {"NATIVE_DOT": False}, {"BLOCK_K": 32}, {"BLOCK_K": 128}, {"BLOCK_V": 64}, {"BLOCK_V": 64, "BLOCK_K": 128},
-    {"K_CHUNK": 1024}, {"BLOCK_N": 128},
+    {}, {"NATIVE_DOT": False}, {"BLOCK_K": 128}, {"K_CHUNK": 512}, {"K_CHUNK": 2048}, {"BLOCK_N": 64},
 ]
 
 

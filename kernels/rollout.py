@@ -7,9 +7,8 @@ weight-stationary (a program owns a tile of a weight matrix and multiplies every
 weight is read once per step whatever the batch); vocabulary-wide results are combined per row:
 
     _zproj_kernel      split-K partials of z @ w1[:, :H]^T for all steps      grid (E tiles, K chunks, row blocks)
-                       (once, before the loop)
-    _hidden_kernel     hid = silu(sum of the zproj_i partials + sum of the    grid (E tiles, row blocks)
-                       s @ w1[:, H:]^T shares)
+                       (once, before the loop; summed in torch)
+    _hidden_kernel     hid = silu(zproj_i + sum of the s @ w1[:, H:]^T shares) grid (E tiles, row blocks)
     _logits_kernel     l = base_i + hid @ w2^T; per-tile max / first argmax,  grid (V tiles, row blocks)
                        for sampling also l / T -> q and per-tile sum of exp
     _row_reduce_kernel combine a row's tiles: first argmax -> tokens[:, i];    grid (rows,)
@@ -54,8 +53,8 @@ NATIVE_DOT = True  # 16-bit operands: native 16-bit MMAs rather than tf32 on fp3
 # Tile sizes (read at call time, so tests can shrink them to exercise multi-tile paths).
 BLOCK_V = 128  # vocabulary tile of the logits / sample kernels
 BLOCK_T = 1024  # how many per-tile partials one step of _row_reduce_kernel reads
-BLOCK_N = 64  # output tile of the GRU gate products (3G outputs)
-K_CHUNK = 512  # split-K: each _gates_kernel program reduces this many inputs
+BLOCK_N = 128  # output tile of the GRU gate products (3G outputs)
+K_CHUNK = 1024  # split-K: each _gates_kernel / _zproj_kernel program reduces this many inputs
 BLOCK_G = 64  # GRU state tile of _gru_kernel
 BLOCK_E = 32  # embed_proj hidden tile
 BLOCK_K = 64  # reduction (K) tile of every matmul
@@ -220,8 +219,7 @@ def _gru_kernel(
 
 @triton.jit
 def _hidden_kernel(
-    zp_ptr, zp_stride_b, zp_off, zp_parts, zp_stride_p,  # zproj partial p of step i, [b, E] fp32, at
-    # zp_ptr + p * zp_stride_p + zp_off + row * zp_stride_b
+    zp_ptr, zp_stride_b, zp_off,  # zproj[:, i] = zp_ptr + zp_off + row * zp_stride_b, [b, E] fp32
     hpart_ptr, n_parts,  # [n_parts, b, E] fp32 shares of round(s) @ w1[:, H:]^T
     hid_ptr,  # [b, E] fp32 out (values rounded to the head's dtype)
     B, E,
@@ -231,10 +229,7 @@ def _hidden_kernel(
     cols = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     mask = (rows < B)[:, None] & (cols < E)[None, :]
-    acc = tl.zeros([BLOCK_B, BLOCK_E], tl.float32)
-    for p in range(0, zp_parts):  # fixed order: deterministic
-        acc += tl.load(zp_ptr + p * zp_stride_p + zp_off + rows[:, None] * zp_stride_b + cols[None, :], mask=mask,
-                       other=0.0)
+    acc = tl.load(zp_ptr + zp_off + rows[:, None] * zp_stride_b + cols[None, :], mask=mask, other=0.0)
     for p in range(0, n_parts):
         acc += tl.load(hpart_ptr + (p * B + rows[:, None]) * E + cols[None, :], mask=mask, other=0.0)
     pre = _round(acc, RND)
@@ -461,13 +456,15 @@ def rollout(
         rnd, c_prec, x_prec = _rnd_code(w1.dtype), _prec(w1.dtype, w2.dtype), _prec(embed.dtype, w_ih.dtype)
         s_cur, s_next = torch.empty(b, gru, **f32), torch.empty(b, gru, **f32)
         hid = torch.empty(b, emb_dim, **f32)
-        split_z = triton.cdiv(hidden, K_CHUNK)
-        zproj = torch.empty(split_z, b * n, emb_dim, **f32)
+        zproj = torch.empty(b * n, emb_dim, **f32)
         if n > pure_prefix_len:
+            split_z = triton.cdiv(hidden, K_CHUNK)
+            zparts = torch.empty(split_z, b * n, emb_dim, **f32)
             _zproj_kernel[(triton.cdiv(emb_dim, BLOCK_E), split_z, triton.cdiv(b * n, bb))](
-                z.contiguous(), w1, zproj, b * n, hidden, gru, emb_dim,
+                z.contiguous(), w1, zparts, b * n, hidden, gru, emb_dim,
                 PREC=c_prec, BLOCK_B=bb, BLOCK_E=BLOCK_E, BLOCK_K=BLOCK_K, K_CHUNK=K_CHUNK, num_warps=warps,
             )
+            torch.sum(zparts, 0, out=zproj)
         split_x, split_h = triton.cdiv(hidden, K_CHUNK), triton.cdiv(gru, K_CHUNK)
         gates = torch.empty(split_x + split_h, b, 3 * gru, **f32)
         n_g = triton.cdiv(gru, BLOCK_G)
@@ -501,7 +498,7 @@ def rollout(
         corr = head is not None and i >= pure_prefix_len
         if corr:
             _hidden_kernel[(triton.cdiv(emb_dim, BLOCK_E), rb)](
-                zproj, n * emb_dim, i * emb_dim, split_z, zproj.stride(0), hpart, n_g, hid, b, emb_dim,
+                zproj, n * emb_dim, i * emb_dim, hpart, n_g, hid, b, emb_dim,
                 RND=rnd, BLOCK_B=bb, BLOCK_E=BLOCK_E, num_warps=warps,
             )
         mode = _MODE_ARGMAX if sampling is None else (_MODE_RAW if torch_probs else _MODE_SOFTMAX)
