@@ -209,7 +209,7 @@ def run(args) -> dict:
 
 
 TILE_CONFIGS = [  # module globals of kernels/rollout.py to override; {} is its default
-    {}, {"NATIVE_DOT": False}, {"BLOCK_K": 128}, {"K_CHUNK": 512}, {"K_CHUNK": 2048}, {"BLOCK_N": 64},
+    {}, {"NATIVE_DOT": False}, {"BLOCK_K": 32}, {"K_CHUNK": 512}, {"K_CHUNK": 2048}, {"BLOCK_N": 128},
 ]
 
 

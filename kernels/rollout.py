@@ -50,10 +50,11 @@ from sglang_domino.sampling import BatchSampling, draft_probs
 F32_DOT = os.environ.get("SGLANG_DOMINO_F32_DOT", "tf32x3")
 NATIVE_DOT = True  # 16-bit operands: native 16-bit MMAs rather than tf32 on fp32-cast tiles (see _prec)
 
-# Tile sizes (read at call time, so tests can shrink them to exercise multi-tile paths).
+# Tile sizes (read at call time, so tests can shrink them to exercise multi-tile paths). K_CHUNK 1024 with
+# BLOCK_N 64 was the fastest of the H200 sweeps at Qwen3-8B shapes (bench/results/kernels-cuda*.json).
 BLOCK_V = 128  # vocabulary tile of the logits / sample kernels
 BLOCK_T = 1024  # how many per-tile partials one step of _row_reduce_kernel reads
-BLOCK_N = 128  # output tile of the GRU gate products (3G outputs)
+BLOCK_N = 64  # output tile of the GRU gate products (3G outputs)
 K_CHUNK = 1024  # split-K: each _gates_kernel / _zproj_kernel program reduces this many inputs
 BLOCK_G = 64  # GRU state tile of _gru_kernel
 BLOCK_E = 32  # embed_proj hidden tile
