@@ -1,4 +1,4 @@
-"""Drafter config, checkpoint I/O (strict loading) and the backbone's attention pattern."""
+"""Drafter config, checkpoint I/O (strict loading), the backbone's attention pattern and the draft dtype."""
 
 import json
 
@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sglang_domino.config import CheckpointError, DominoConfig, default_target_layer_ids
-from sglang_domino.drafter import load_drafter, save_drafter
+from sglang_domino import drafter as drafter_mod
+from sglang_domino.drafter import HeadWeights, load_drafter, save_drafter
 from sglang_domino.models import init_drafter, tiny_target
 
 torch.set_num_threads(2)
@@ -118,3 +119,27 @@ def test_block_attention_is_bidirectional_and_sees_only_context(checkpoint):
     mask = torch.arange(13)[None] < 10
     pos = torch.arange(10, 10 + cfg.block_size)[None]
     torch.testing.assert_close(drafter.backbone(block, pos, kv, mask), z, rtol=1e-5, atol=1e-5)
+
+
+def test_draft_dtype_auto_env_and_errors(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv(drafter_mod.DRAFT_DTYPE_ENV, raising=False)
+    bf16_matmuls = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert drafter_mod.draft_dtype(cpu, torch.float32) == (torch.bfloat16 if bf16_matmuls else torch.float32)
+    assert drafter_mod.draft_dtype(cuda, torch.float32) == torch.float32  # GPUs: the model's dtype
+    assert drafter_mod.draft_dtype(cpu, torch.float16) == torch.float16
+    monkeypatch.setenv(drafter_mod.DRAFT_DTYPE_ENV, "model")
+    assert drafter_mod.draft_dtype(cpu, torch.float32) == torch.float32
+    monkeypatch.setenv(drafter_mod.DRAFT_DTYPE_ENV, "bf16")
+    assert drafter_mod.draft_dtype(cuda, torch.float32) == torch.bfloat16
+    monkeypatch.setenv(drafter_mod.DRAFT_DTYPE_ENV, "fp8")
+    with pytest.raises(ValueError, match="SGLANG_DOMINO_DRAFT_DTYPE"):
+        drafter_mod.draft_dtype(cpu, torch.float32)
+
+
+def test_correction_in_casts_only_the_correction():
+    head = HeadWeights(*(torch.randn(6, 4) for _ in range(4)))
+    cast = head.correction_in(torch.bfloat16)
+    assert cast.w_ih is head.w_ih and cast.w_hh is head.w_hh
+    assert cast.w1.dtype == cast.w2.dtype == torch.bfloat16
+    assert torch.equal(cast.w2.float(), head.w2.bfloat16().float())

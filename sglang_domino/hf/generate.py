@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..drafter import DominoDrafter, vocab_logits
+from ..drafter import DominoDrafter, draft_dtype, vocab_logits
 from ..kernels import dispatch
 from ..sampling import BatchSampling, SamplingParams, exponential_like, sample_from, sampling_probs
 
@@ -139,7 +139,9 @@ def speculative_generate(
     device = input_ids.device
     embed = target.get_input_embeddings().weight
     lm_head = target.get_output_embeddings().weight
-    head = drafter.head_weights() if use_head else None
+    draft_as = draft_dtype(device, lm_head.dtype)  # base logits and head correction
+    draft_lm_head = lm_head.to(draft_as)
+    head = drafter.head_weights().correction_in(draft_as) if use_head else None
     sampler = _Sampler(sampling, lm_head.shape[0], device, seed)
     stop = set(stop_token_ids)
     stats, t_start = GenerateStats(), time.perf_counter()
@@ -161,8 +163,8 @@ def speculative_generate(
         t0 = time.perf_counter()
         block_ids = torch.cat([bonus[:, None], mask_ids], 1)
         block_pos = torch.arange(pos, pos + cfg.block_size, device=device)[None]
-        z = drafter.backbone(embed[block_ids], block_pos, ctx_kv)[:, :n]
-        base = vocab_logits(z, lm_head)
+        z = drafter.backbone(embed[block_ids], block_pos, ctx_kv)[:, :n].to(draft_as)
+        base = vocab_logits(z, draft_lm_head)
         t1 = time.perf_counter()
         noise = sampler.noise(n) if sampler.batch is not None else None
         draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch, noise)

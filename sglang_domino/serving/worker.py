@@ -33,7 +33,7 @@ from typing import List, Optional
 
 import torch
 
-from ..drafter import load_drafter, vocab_logits
+from ..drafter import draft_dtype, load_drafter, vocab_logits
 from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton on CUDA, torch reference on CPU
 from .context import ContextPool
 from .policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
@@ -106,7 +106,9 @@ class DominoWorker(BaseSpecWorker):
         path = spec.speculative_draft_model_path
         self.drafter = load_drafter(path, hf_config, dtype=self.dtype, device=self.device)
         self.cfg = self.drafter.config
-        self.head = self.drafter.head_weights()
+        self.draft_dtype = draft_dtype(self.device, self.dtype)  # base logits and head correction
+        self.draft_lm_head = self.lm_head.to(self.draft_dtype)
+        self.head = self.drafter.head_weights().correction_in(self.draft_dtype)
         if not hasattr(target, "set_dflash_layers_to_capture"):
             raise RuntimeError(
                 f"DOMINO: target model {type(target).__name__} cannot capture hidden states "
@@ -121,8 +123,9 @@ class DominoWorker(BaseSpecWorker):
         self.steps = 0
         logger.info(
             "DOMINO worker: drafter %s (%d layers, block %d, %d drafts/step, context layers %s), "
-            "draft policy %s", path, self.cfg.num_hidden_layers, self.block_size,
-            self.num_draft_tokens - 1, self.cfg.target_layer_ids, self.policy.describe())
+            "draft dtype %s, draft policy %s", path, self.cfg.num_hidden_layers, self.block_size,
+            self.num_draft_tokens - 1, self.cfg.target_layer_ids, str(self.draft_dtype).removeprefix("torch."),
+            self.policy.describe())
 
     # -- SGLang worker protocol ---------------------------------------------------------------------
     @property
@@ -185,8 +188,8 @@ class DominoWorker(BaseSpecWorker):
         block_ids = torch.full((bs, self.block_size), self.cfg.mask_token_id, dtype=torch.long, device=self.device)
         block_ids[:, 0] = bonus
         positions = seq_lens[:, None] + torch.arange(self.block_size, device=self.device)
-        z = self.drafter.backbone(self.embed[block_ids], positions, ctx, ctx_mask)[:, :n]
-        base = vocab_logits(z, self.lm_head)
+        z = self.drafter.backbone(self.embed[block_ids], positions, ctx, ctx_mask)[:, :n].to(self.draft_dtype)
+        base = vocab_logits(z, self.draft_lm_head)
         if all_greedy:
             tokens, _ = rollout(z, base, bonus, self.embed, self.head, self.cfg.pure_draft_prefix_len)
             return tokens, None
