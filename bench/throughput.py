@@ -42,7 +42,8 @@ from run_info import RESULTS, run_info  # noqa: E402
 
 from sglang_domino.linear import MAX_ROWS_ENV  # noqa: E402
 from sglang_domino.serving.policy import policy_env  # noqa: E402
-from sglang_domino.serving.server import DEFAULT_MODEL, Server, free_port, preset_args, sse_events  # noqa: E402
+from sglang_domino.serving.server import (  # noqa: E402
+    DEFAULT_MODEL, Server, free_port, preset_args, sse_events, start_all)
 
 
 def load_prompts(n_mtbench: int, n_sharegpt: int) -> list[dict]:
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
                 server = server_for(kind)
                 bar.set_postfix_str(f"starting {kind}")
                 try:
-                    server.start().wait_healthy(900)
+                    start_all([server], 900)
                     one_request(server.url, texts[0], 8, sampling)  # warm-up
                     live[kind] = server
                     servers_info[kind] = {"command": server.command, "env": server.env}

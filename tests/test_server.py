@@ -24,7 +24,7 @@ import requests
 import torch
 
 from sglang_domino.serving.policy import policy_env
-from sglang_domino.serving.server import Server, free_port, preset_args, sse_events
+from sglang_domino.serving.server import Server, free_port, preset_args, sse_events, start_all
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -80,10 +80,7 @@ def domino_and_baseline_servers(tmp_path_factory, echo_drafter_dir):
                     log_path=str(logs / "domino.log"))
     baseline = Server(MODEL, free_port(), preset_args("baseline", device=DEVICE), log_path=str(logs / "baseline.log"))
     try:
-        domino.start()
-        baseline.start()
-        domino.wait_healthy(TIMEOUT)
-        baseline.wait_healthy(TIMEOUT)
+        start_all([domino, baseline], TIMEOUT)
         yield domino, baseline
     finally:
         domino.stop()
@@ -324,7 +321,7 @@ def test_adaptive_width_switching_keeps_greedy_parity(tmp_path, echo_drafter_dir
     server = Server(MODEL, free_port(), preset_args("domino", device=DEVICE, draft=str(echo_drafter_dir)),
                     env=policy_env("adaptive", widths=[1, 2, 5, BLOCK]), log_path=str(tmp_path / "adaptive.log"))
     try:
-        server.start().wait_healthy(TIMEOUT)
+        start_all([server], TIMEOUT)
         prompts = TEXT_PROMPTS[:8] + ["ha ha ha ha ha ha ha ha ha ha"]
         with cf.ThreadPoolExecutor(2 * len(prompts)) as ex:
             futs = {(name, i): ex.submit(generate, srv, p, max_new_tokens=32, temperature=0)
@@ -336,6 +333,25 @@ def test_adaptive_width_switching_keeps_greedy_parity(tmp_path, echo_drafter_dir
     for i in range(len(prompts)):
         assert out[("domino", i)] == out[("baseline", i)], prompts[i]
     assert all(d["output_ids"] == out[("baseline", len(prompts) - 1)] for d in solo)
+
+
+def test_a_taken_port_is_detected_and_start_all_moves_on(tmp_path):
+    """A port taken between choosing and binding it (free_port races other processes): the server is
+    stopped as soon as its log says so, and start_all starts it again on a fresh port."""
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server = Server(MODEL, taken, preset_args("baseline", device=DEVICE), log_path=str(tmp_path / "port.log"))
+        try:
+            start_all([server], TIMEOUT)
+            assert server.port != taken and server.healthy()
+            assert generate(server, "Hello", max_new_tokens=4, temperature=0)["output_ids"]
+        finally:
+            server.stop()
+    assert "error while attempting to bind on address" in Path(server.log_path).read_text(errors="replace")
 
 
 # -- startup refusals (no model weights are loaded: the launcher rejects the arguments) --------------

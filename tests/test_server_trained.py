@@ -16,7 +16,7 @@ import requests
 import torch
 
 from sglang_domino.serving.policy import policy_env
-from sglang_domino.serving.server import Server, free_port, preset_args
+from sglang_domino.serving.server import Server, free_port, preset_args, start_all
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -47,7 +47,7 @@ def server(tmp_path_factory, prompts_ids):
                  env=policy_env("always"),  # every step drafts, as in the Transformers backend
                  log_path=str(logs / "domino-trained.log"))
     try:
-        yield srv.start().wait_healthy(600)
+        yield start_all([srv], 600)[0]
     finally:
         srv.stop()
 

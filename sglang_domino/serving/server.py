@@ -63,6 +63,11 @@ def preset_args(kind: str, *, device: str = "cpu", draft: str | None = None, num
     return args
 
 
+class PortInUse(RuntimeError):
+    """The server could not bind its HTTP port: something took it after ``free_port`` chose it (another
+    process, or the internal ports an SGLang server picks for itself)."""
+
+
 @dataclasses.dataclass
 class Server:
     model: str
@@ -73,6 +78,7 @@ class Server:
     host: str = "127.0.0.1"
     python: str = sys.executable
     proc: subprocess.Popen | None = None
+    log_offset: int = 0  # where this start's output begins in log_path (logs are appended to)
 
     @property
     def url(self) -> str:
@@ -89,6 +95,7 @@ class Server:
             env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         env.update(self.env)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.log_offset = log.tell() if self.log_path else 0
         self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         return self
@@ -108,13 +115,26 @@ class Server:
             return ""
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
 
+    def _port_taken(self) -> bool:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return False
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_offset)
+            return b"error while attempting to bind on address" in f.read()
+
     def wait_healthy(self, timeout: float = 600) -> "Server":
+        """Wait for /health; a server that exits, or cannot bind its port (``PortInUse``, the server
+        stopped), raises at once with the end of its log."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if not self.alive():
                 raise RuntimeError(f"server on port {self.port} exited with {self.proc.returncode}:\n{self.log_tail()}")
             if self.healthy():
                 return self
+            if self._port_taken():  # uvicorn says so and SGLang keeps running without HTTP
+                tail = self.log_tail()
+                self.stop()
+                raise PortInUse(f"server could not bind port {self.port}:\n{tail}")
             time.sleep(2)
         raise TimeoutError(f"server on port {self.port} not healthy after {timeout}s:\n{self.log_tail()}")
 
@@ -150,6 +170,24 @@ class Server:
     def get(self, path: str, timeout: float = 30):
         with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
             return json.loads(r.read())
+
+
+def start_all(servers: list[Server], timeout: float = 600, attempts: int = 3) -> list[Server]:
+    """Start the servers side by side and wait until each is healthy; one whose port was taken meanwhile
+    (``PortInUse``) starts again on a fresh ``free_port()``, up to ``attempts`` times in all."""
+    for server in servers:
+        server.start()
+    for server in servers:
+        for attempt in range(attempts):
+            try:
+                server.wait_healthy(timeout)
+                break
+            except PortInUse:
+                if attempt == attempts - 1:
+                    raise
+                server.port = free_port()
+                server.start()
+    return servers
 
 
 def _group_alive(pgid: int) -> bool:
