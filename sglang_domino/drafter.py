@@ -137,7 +137,8 @@ class DominoDrafter(nn.Module):
         )
 
     # -- backbone ---------------------------------------------------------------------------------
-    def context_kv(self, target_hidden: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(self, target_hidden: torch.Tensor,
+                   positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer context keys/values.
 
         target_hidden: [b, T, K*H] (target layers' hidden states, concatenated in target_layer_ids order);
