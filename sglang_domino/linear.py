@@ -12,9 +12,12 @@ One row stays with ``F.linear`` (its GEMV is as fast or faster). The results agr
 from __future__ import annotations
 
 import os
+import types
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 MAX_ROWS_ENV = "SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS"
 DEFAULT_MAX_ROWS = 64
@@ -57,3 +60,19 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+@contextmanager
+def few_row_linears(model: nn.Module, max_rows: int | None = None):
+    """For the duration, every ``nn.Linear`` of ``model`` computes through ``linear`` (the transposed form at
+    2..max_rows rows on a CPU, ``F.linear`` otherwise): the Transformers backend's verify forwards.
+    max_rows: default ``max_rows_from_env()``; 0 leaves the model as it is."""
+    max_rows = max_rows_from_env() if max_rows is None else max_rows
+    patched = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in vars(m)] if max_rows else []
+    for m in patched:
+        m.forward = types.MethodType(lambda self, x: linear(x, self.weight, self.bias, max_rows), m)
+    try:
+        yield model
+    finally:
+        for m in patched:
+            del m.forward

@@ -1,12 +1,14 @@
-"""sglang_domino.linear (the few-row CPU matmul) against F.linear, and the SGLang hook's routing."""
+"""sglang_domino.linear (the few-row CPU matmul) against F.linear, the SGLang hook's routing and the HF patch."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from sglang_domino.linear import MAX_ROWS_ENV, linear, max_rows_from_env, takes_transposed
+import sglang_domino.linear as lin
+from sglang_domino.linear import MAX_ROWS_ENV, few_row_linears, linear, max_rows_from_env, takes_transposed
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -74,3 +76,20 @@ def test_sglang_linear_hook_routes_by_rows():
     amx = SimpleNamespace(weight=layer.weight, use_intel_amx_backend=True)
     linear_apply_around(original, None, amx, torch.randn(3, 8))
     assert calls == [1, 65, 3]
+
+
+
+def test_few_row_linears_patches_for_the_duration_only(monkeypatch):
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8, bias=False))
+    x = torch.randn(3, 16)
+    want = model(x)
+    calls = []
+    real = lin.transposed_linear
+    monkeypatch.setattr(lin, "transposed_linear", lambda *a: calls.append(1) or real(*a))
+    with few_row_linears(model, max_rows=64):
+        torch.testing.assert_close(model(x), want)
+        assert len(calls) == 2  # both layers, 3 rows: the transposed form
+    with few_row_linears(model, max_rows=0):
+        model(x)
+    model(x)
+    assert len(calls) == 2 and not any("forward" in vars(m) for m in model)

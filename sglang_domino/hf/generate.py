@@ -21,6 +21,7 @@ import torch
 
 from ..drafter import DominoDrafter, draft_dtype, vocab_logits
 from ..kernels import dispatch
+from ..linear import few_row_linears
 from ..sampling import BatchSampling, SamplingParams, exponential_like, sample_from, sampling_probs
 
 
@@ -99,19 +100,20 @@ def plain_generate(target, input_ids: torch.Tensor, max_new_tokens: int,
     """Reference decoding, one target step per token. input_ids: [1, T]."""
     from transformers import DynamicCache
 
-    stats, t0 = GenerateStats(), time.perf_counter()
-    sampler = _Sampler(sampling, target.config.get_text_config().vocab_size, input_ids.device, seed)
-    cache, tokens, step_input = DynamicCache(), [], input_ids
-    stop = set(stop_token_ids)
-    while len(tokens) < max_new_tokens:
-        logits = target(input_ids=step_input, past_key_values=cache, use_cache=True).logits[:, -1]
-        token = sampler.next_token(logits)
-        tokens.append(int(token))
-        if tokens[-1] in stop:
-            break
-        step_input = token[:, None]
-    stats.new_tokens, stats.time_total = len(tokens), time.perf_counter() - t0
-    return GenerateOutput(tokens, stats)
+    with few_row_linears(target):  # the target's 2-64-row forwards (verify) cheap on a CPU
+        stats, t0 = GenerateStats(), time.perf_counter()
+        sampler = _Sampler(sampling, target.config.get_text_config().vocab_size, input_ids.device, seed)
+        cache, tokens, step_input = DynamicCache(), [], input_ids
+        stop = set(stop_token_ids)
+        while len(tokens) < max_new_tokens:
+            logits = target(input_ids=step_input, past_key_values=cache, use_cache=True).logits[:, -1]
+            token = sampler.next_token(logits)
+            tokens.append(int(token))
+            if tokens[-1] in stop:
+                break
+            step_input = token[:, None]
+        stats.new_tokens, stats.time_total = len(tokens), time.perf_counter() - t0
+        return GenerateOutput(tokens, stats)
 
 
 @torch.inference_mode()
@@ -147,49 +149,50 @@ def speculative_generate(
     stats, t_start = GenerateStats(), time.perf_counter()
 
     # Prefill: target KV and features for the prompt; the first token comes from the target.
-    cache = DynamicCache()
-    out = target(input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
-    positions = torch.arange(input_ids.shape[1], device=device)[None]
-    ctx_kv = drafter.context_kv(target_features(out.hidden_states, cfg.target_layer_ids).to(lm_head.dtype),
-                                positions)
-    bonus = sampler.next_token(out.logits[:, -1])
-    tokens = [int(bonus)]
-    pos = input_ids.shape[1]  # position of the bonus token, which has no KV yet
-    stats.time_prefill = time.perf_counter() - t_start
-    mask_ids = torch.full((1, cfg.block_size - 1), cfg.mask_token_id, device=device)
+    with few_row_linears(target):  # the target's 2-64-row forwards (verify) cheap on a CPU
+        cache = DynamicCache()
+        out = target(input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        positions = torch.arange(input_ids.shape[1], device=device)[None]
+        ctx_kv = drafter.context_kv(target_features(out.hidden_states, cfg.target_layer_ids).to(lm_head.dtype),
+                                    positions)
+        bonus = sampler.next_token(out.logits[:, -1])
+        tokens = [int(bonus)]
+        pos = input_ids.shape[1]  # position of the bonus token, which has no KV yet
+        stats.time_prefill = time.perf_counter() - t_start
+        mask_ids = torch.full((1, cfg.block_size - 1), cfg.mask_token_id, device=device)
 
-    while _stop_index(tokens, stop, max_new_tokens) is None:
-        n = min(block - 1, max_new_tokens - len(tokens) - 1)  # drafts this step
-        t0 = time.perf_counter()
-        block_ids = torch.cat([bonus[:, None], mask_ids], 1)
-        block_pos = torch.arange(pos, pos + cfg.block_size, device=device)[None]
-        z = drafter.backbone(embed[block_ids], block_pos, ctx_kv)[:, :n].to(draft_as)
-        base = vocab_logits(z, draft_lm_head)
-        t1 = time.perf_counter()
-        noise = sampler.noise(n) if sampler.batch is not None else None
-        draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch, noise)
-        t2 = time.perf_counter()
+        while _stop_index(tokens, stop, max_new_tokens) is None:
+            n = min(block - 1, max_new_tokens - len(tokens) - 1)  # drafts this step
+            t0 = time.perf_counter()
+            block_ids = torch.cat([bonus[:, None], mask_ids], 1)
+            block_pos = torch.arange(pos, pos + cfg.block_size, device=device)[None]
+            z = drafter.backbone(embed[block_ids], block_pos, ctx_kv)[:, :n].to(draft_as)
+            base = vocab_logits(z, draft_lm_head)
+            t1 = time.perf_counter()
+            noise = sampler.noise(n) if sampler.batch is not None else None
+            draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch, noise)
+            t2 = time.perf_counter()
 
-        out = target(input_ids=torch.cat([bonus[:, None], draft], 1), past_key_values=cache, use_cache=True,
-                     output_hidden_states=True)
-        if sampler.batch is None:
-            accept_len, bonus = dispatch.verify_greedy(draft, out.logits)
-        else:
-            p = sampling_probs(out.logits, sampler.batch)
-            accept_len, bonus = dispatch.verify_sampled(draft, q, p, sampler.uniform(n), sampler.noise())
-        a = int(accept_len)
-        if n > a:
-            cache.crop(a - n)  # drop the rejected drafts' KV
-        feats = target_features(out.hidden_states, cfg.target_layer_ids)[:, : a + 1].to(lm_head.dtype)
-        new_kv = drafter.context_kv(feats, torch.arange(pos, pos + a + 1, device=device)[None])
-        ctx_kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new_kv)]
-        pos += a + 1
-        tokens += draft[0, :a].tolist() + [int(bonus)]
-        stats.accept_lens.append(a)
-        stats.time_backbone += t1 - t0
-        stats.time_head += t2 - t1
-        stats.time_verify += time.perf_counter() - t2
+            out = target(input_ids=torch.cat([bonus[:, None], draft], 1), past_key_values=cache, use_cache=True,
+                         output_hidden_states=True)
+            if sampler.batch is None:
+                accept_len, bonus = dispatch.verify_greedy(draft, out.logits)
+            else:
+                p = sampling_probs(out.logits, sampler.batch)
+                accept_len, bonus = dispatch.verify_sampled(draft, q, p, sampler.uniform(n), sampler.noise())
+            a = int(accept_len)
+            if n > a:
+                cache.crop(a - n)  # drop the rejected drafts' KV
+            feats = target_features(out.hidden_states, cfg.target_layer_ids)[:, : a + 1].to(lm_head.dtype)
+            new_kv = drafter.context_kv(feats, torch.arange(pos, pos + a + 1, device=device)[None])
+            ctx_kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new_kv)]
+            pos += a + 1
+            tokens += draft[0, :a].tolist() + [int(bonus)]
+            stats.accept_lens.append(a)
+            stats.time_backbone += t1 - t0
+            stats.time_head += t2 - t1
+            stats.time_verify += time.perf_counter() - t2
 
-    tokens = tokens[: _stop_index(tokens, stop, max_new_tokens)]
-    stats.new_tokens, stats.time_total = len(tokens), time.perf_counter() - t_start
-    return GenerateOutput(tokens, stats)
+        tokens = tokens[: _stop_index(tokens, stop, max_new_tokens)]
+        stats.new_tokens, stats.time_total = len(tokens), time.perf_counter() - t_start
+        return GenerateOutput(tokens, stats)
