@@ -182,8 +182,9 @@ def draft_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The dtype of a draft's vocabulary-sized products (base logits from the target's lm_head, the head).
 
     A draft step mostly waits on reading those [V, D] matrices. On a CPU with bf16 matmuls (AVX512-BF16 /
-    AMX) bf16 reads SmolLM2's lm_head at 5-64 rows 1.5-4x faster than fp32 (2 threads: ~6 ms flat against
-    9-46 ms; 1.4x slower at 2 rows), so ``auto`` (the default) picks bf16 there and ``dtype`` elsewhere.
+    AMX) bf16 cut SmolLM2's block-16 backbone step from 26.3 to 9.5 ms
+    (``bench/results/acceptance-smollm2-draft-dtype-*.json``), so ``auto`` (the default) picks bf16 there and
+    ``dtype`` elsewhere.
     Only drafts change: the target verifies in its own dtype, so outputs stay exact.
     ``SGLANG_DOMINO_DRAFT_DTYPE``: auto, bfloat16, or model (= ``dtype``).
     """
