@@ -28,18 +28,19 @@ from sglang_domino.drafter import load_drafter  # noqa: E402
 from sglang_domino.hf.generate import plain_generate, speculative_generate  # noqa: E402
 from sglang_domino.hf.target import chat_input_ids, load_target, stop_token_ids  # noqa: E402
 from sglang_domino.models import DEFAULT_MODEL_DIR, init_drafter  # noqa: E402
+from sglang_domino.policy import POLICIES, DraftPolicy  # noqa: E402
 from sglang_domino.prompts import mtbench_first_turns, sharegpt_heldout  # noqa: E402
 from sglang_domino.sampling import SamplingParams  # noqa: E402
 
 METHODS = ("plain", "domino", "backbone", "dflash")
 
 
-def run_method(method, target, drafters, ids, max_new, params, stops, seed, block):
+def run_method(method, target, drafters, ids, max_new, params, stops, seed, block, policy):
     if method == "plain":
         return plain_generate(target, ids, max_new, params, stops, seed=seed)
     drafter = drafters["baseline" if method == "dflash" else "main"]
     return speculative_generate(target, drafter, ids, max_new, params, stops, seed=seed,
-                                use_head=method == "domino", block_size=block)
+                                use_head=method == "domino", block_size=block, policy=policy)
 
 
 def summarise(runs: list) -> dict:
@@ -51,8 +52,10 @@ def summarise(runs: list) -> dict:
            "tokens_per_s": round(tokens / total, 3) if total else 0.0}
     if steps:
         committed = sum(a + 1 for s in runs for a in s.accept_lens)
+        widths = [w for s in runs for w in s.widths]
         out.update(
             steps=steps, tau=round(committed / steps, 3),
+            widths={w: widths.count(w) for w in sorted(set(widths))},
             ms_per_step_backbone=round(1e3 * sum(s.time_backbone for s in runs) / steps, 3),
             ms_per_step_head=round(1e3 * sum(s.time_head for s in runs) / steps, 3),
             ms_per_step_verify=round(1e3 * sum(s.time_verify for s in runs) / steps, 3),
@@ -83,7 +86,10 @@ def main(argv=None) -> None:
     ap.add_argument("--exclude-data", default="data/sharegpt-smollm2", help="training data whose prompts to skip")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    ap.add_argument("--block-size", type=int, help="verify block (default: the drafter's)")
+    ap.add_argument("--block-size", type=int, help="widest verify step (default: the drafter's block)")
+    ap.add_argument("--policy", default="always", choices=POLICIES,
+                    help="always: every step verifies --block-size (tau of the drafter at that block); adaptive: "
+                         "the draft policy picks the width per step, one policy per method across all prompts")
     ap.add_argument("--methods", nargs="+", default=None, choices=METHODS,
                     help="default: plain domino backbone, and dflash when --baseline-drafter is given")
     ap.add_argument("--threads", type=int, default=2)
@@ -107,13 +113,16 @@ def main(argv=None) -> None:
     datasets = {"mtbench": mtbench_first_turns(args.mtbench),
                 "sharegpt": sharegpt_heldout(args.sharegpt, args.exclude_data) if args.sharegpt else []}
 
+    block = args.block_size or drafter.config.block_size
+    policies = {m: DraftPolicy.from_env(block, mode=args.policy) for m in methods if m != "plain"}
     cells = defaultdict(list)
     jobs = [(d, t, i, p) for t in args.temperatures for d, ps in datasets.items() for i, p in enumerate(ps)]
     for dataset, temp, i, prompt in tqdm(jobs, desc="prompts", unit="prompt"):
         ids = chat_input_ids(tokenizer, prompt)
         params = SamplingParams(temperature=temp, top_p=0.95 if temp else 1.0)
         for method in methods:
-            out = run_method(method, target, drafters, ids, args.max_new_tokens, params, stops, i, args.block_size)
+            out = run_method(method, target, drafters, ids, args.max_new_tokens, params, stops, i, block,
+                             policies.get(method))
             cells[(dataset, temp, method)].append(out.stats)
 
     rows = []
@@ -124,13 +133,13 @@ def main(argv=None) -> None:
         rows.append(row)
     domino = [r for r in rows if r["method"] == "domino" and "steps" in r]
     head_share = {f"{r['dataset']}@T={r['temperature']}": round(r["ms_per_step_head"] / r["ms_per_step_backbone"], 3)
-                  for r in domino}
+                  for r in domino if r["ms_per_step_backbone"]}
     md = table(rows)
     by_cell = {(r["dataset"], r["temperature"], r["method"]): r for r in rows}
     tau_over_dflash = {f"{d}@T={t}": round(r["tau"] / by_cell[(d, t, "dflash")]["tau"], 3)
                        for (d, t, m), r in by_cell.items() if m == "domino" and (d, t, "dflash") in by_cell}
     payload = {"target": args.model, "drafter": drafter_name, "baseline_drafter": args.baseline_drafter,
-               "dtype": args.dtype, "block_size": args.block_size or drafter.config.block_size,
+               "dtype": args.dtype, "block_size": block, "policy": args.policy,
                "max_new_tokens": args.max_new_tokens, "head_cost_over_backbone": head_share,
                "domino_tau_over_dflash_tau": tau_over_dflash, "results": rows, "table": md}
     path = write_result(args.name, payload)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run_info import RESULTS, run_info  # noqa: E402
 
 from sglang_domino.linear import MAX_ROWS_ENV  # noqa: E402
-from sglang_domino.serving.policy import policy_env  # noqa: E402
+from sglang_domino.policy import policy_env  # noqa: E402
 from sglang_domino.serving.server import (  # noqa: E402
     DEFAULT_MODEL, Server, free_port, preset_args, sse_events, start_all)
 

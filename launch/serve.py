@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)) if str(ROOT) not in sys.path else None
 
-from sglang_domino.serving.policy import POLICIES, policy_env  # noqa: E402
+from sglang_domino.policy import POLICIES, policy_env  # noqa: E402
 from sglang_domino.serving.server import DEFAULT_MODEL, Server, preset_args  # noqa: E402
 
 RUN_DIR = ROOT / "launch" / "run"

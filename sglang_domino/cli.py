@@ -66,7 +66,7 @@ def cmd_generate(args) -> None:
         else:
             raise SystemExit(f"error: drafter {args.drafter!r} not found")
         out = speculative_generate(target, drafter, ids, args.max_new_tokens, params, stops, args.seed,
-                                   use_head=not args.no_head, block_size=args.block_size)
+                                   use_head=not args.no_head, block_size=args.block_size, policy=args.draft_policy)
     print(tokenizer.decode(out.tokens, skip_special_tokens=True))
     s = out.stats
     print(json.dumps({"new_tokens": s.new_tokens, "tau": round(s.tau, 3), "tokens_per_s": round(s.tokens_per_s, 2),
@@ -106,7 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, help="verify block (default: the drafter's)")
+    p.add_argument("--block-size", type=int, help="widest verify step (default: the drafter's block)")
+    p.add_argument("--draft-policy", choices=["adaptive", "always"],
+                   help="adaptive: each step's width is the one measured fastest (1 = a plain step); always: every "
+                        "step verifies --block-size (default: $SGLANG_DOMINO_DRAFT_POLICY, else adaptive)")
     p.add_argument("--no-head", action="store_true", help="backbone only (plain DFlash drafting)")
     p.add_argument("--plain", action="store_true", help="plain decoding, no speculation")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -14,6 +14,7 @@ from sglang_domino.hf import generate as gen
 from sglang_domino.hf.generate import plain_generate, speculative_generate
 from sglang_domino.kernels import dispatch
 from sglang_domino.models import init_drafter, tiny_target
+from sglang_domino.policy import DraftPolicy
 from sglang_domino import sampling
 from sglang_domino.sampling import BatchSampling, SamplingParams, sampling_probs
 
@@ -40,15 +41,25 @@ def _hf_greedy(target, ids, max_new, eos=None):
     return out[0, ids.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("use_head, block", [(True, None), (False, None), (True, 3)])
-def test_greedy_equals_hf_generate(pair, use_head, block):
+@pytest.mark.parametrize("use_head, block, policy", [(True, None, "always"), (False, None, "always"),
+                                                    (True, 3, "always"), (True, None, "adaptive")])
+def test_greedy_equals_hf_generate(pair, use_head, block, policy):
     target, drafter = pair
+    shared = DraftPolicy("adaptive", widths=(1, 2, 4, 6))  # carried across prompts: all widths get measured
+    widths = []
     for ids in _prompts(6):
         expected = _hf_greedy(target, ids, 24)
-        out = speculative_generate(target, drafter, ids, 24, use_head=use_head, block_size=block)
+        out = speculative_generate(target, drafter, ids, 24, use_head=use_head, block_size=block,
+                                   policy=shared if policy == "adaptive" else policy)
         assert out.tokens == expected
         assert out.tokens == plain_generate(target, ids, 24).tokens
         assert out.stats.new_tokens == 24 and out.stats.steps >= 24 // drafter.config.block_size
+        assert len(out.stats.widths) == out.stats.steps
+        widths += out.stats.widths
+    if policy == "always":
+        assert max(widths) == (block or drafter.config.block_size)  # narrower only where max_new_tokens cut it
+    else:  # plain steps (width 1) and drafting steps mixed in one output
+        assert 1 in widths and max(widths) > 1, widths
 
 
 def test_accepted_blocks_rollback_and_stop_tokens(pair, monkeypatch):
@@ -77,13 +88,13 @@ def test_accepted_blocks_rollback_and_stop_tokens(pair, monkeypatch):
     for ids in _prompts(4, seed=1):
         cont = _hf_greedy(target, ids, 40)
         state.update(cont=cont, done=1, calls=0)
-        out = speculative_generate(target, drafter, ids, 40)
+        out = speculative_generate(target, drafter, ids, 40, policy="always")
         assert out.tokens == cont
         assert max(out.stats.accept_lens) == last and min(out.stats.accept_lens) < last
         # A stop token inside an accepted block ends the output exactly where plain decoding does.
         stop = cont[17]
         state.update(done=1, calls=0)
-        out = speculative_generate(target, drafter, ids, 40, stop_token_ids=[stop])
+        out = speculative_generate(target, drafter, ids, 40, stop_token_ids=[stop], policy="always")
         assert out.tokens == _hf_greedy(target, ids, 40, eos=stop)
         assert out.tokens[-1] == stop and stop not in out.tokens[:-1]
 
@@ -107,12 +118,15 @@ def _exact_prefix_distribution(target, ids, params, length):
     return dist
 
 
-@pytest.mark.parametrize("params,candidates", [(SamplingParams(0.9, 0, 1.0), None), (SamplingParams(1.0, 6, 0.8), None),
-                                               (SamplingParams(1.0, 6, 0.8), 3)])
-def test_sampling_is_lossless(params, candidates, monkeypatch):
+@pytest.mark.parametrize("params,candidates,policy", [(SamplingParams(0.9, 0, 1.0), None, "always"),
+                                                      (SamplingParams(1.0, 6, 0.8), None, "always"),
+                                                      (SamplingParams(1.0, 6, 0.8), 3, "always"),
+                                                      (SamplingParams(1.0, 6, 0.8), None, "adaptive")])
+def test_sampling_is_lossless(params, candidates, policy, monkeypatch):
     """Chi-square on the joint distribution of the first 3 tokens (2 of which come from speculation).
     candidates=3: the draft q keeps only 3 tokens (``draft_probs``), narrower than the target's top-k 6 /
-    top-p 0.8, so rejections must resample the rest from max(p - q, 0)."""
+    top-p 0.8, so rejections must resample the rest from max(p - q, 0). adaptive: one draft policy across
+    all samples, so plain (width-1) and drafting steps mix within and across outputs."""
     if candidates is not None:
         monkeypatch.setattr(sampling, "DRAFT_CANDIDATES", candidates)
     target = tiny_target("llama", vocab_size=16, hidden_size=32, num_layers=4, seed=3)
@@ -122,14 +136,20 @@ def test_sampling_is_lossless(params, candidates, monkeypatch):
                            gru_hidden_dim=16, emb_dim=8, init_std=0.3, seed=1)
     ids = torch.tensor([[3, 7, 1, 9]])
     exact = _exact_prefix_distribution(target, ids, params, 3)
-    samples, accepted = 2000, 0
+    samples, accepted, widths = 2000, 0, []
     counts = dict.fromkeys(exact, 0)
+    # widths 1 and 2 (3 new tokens leave room for one draft); exploring every 3rd step (odd: calls take 2 steps)
+    shared = DraftPolicy("adaptive", widths=(1, 2), explore_every=3, max_explore_every=3)
     for seed in range(samples):
-        out = speculative_generate(target, drafter, ids, 3, sampling=params, seed=seed)
+        out = speculative_generate(target, drafter, ids, 3, sampling=params, seed=seed,
+                                   policy=shared if policy == "adaptive" else policy)
         counts[tuple(out.tokens)] += 1  # KeyError = a sequence plain sampling can never produce
         accepted += sum(out.stats.accept_lens)
+        widths += out.stats.widths
     # speculation did its part (a 3-token q is often rejected, yet drafts must still be accepted)
-    assert accepted > (samples // 10 if candidates is None else samples // 40)
+    assert accepted > (samples // 10 if candidates is None and policy == "always" else samples // 40)
+    if policy == "adaptive":
+        assert widths.count(1) > samples // 10 and len(widths) - widths.count(1) > samples // 10
     # Pool rare outcomes so every expected count is >= 5.
     keys = sorted(exact, key=exact.get, reverse=True)
     obs, exp, rest_o, rest_e = [], [], 0, 0.0

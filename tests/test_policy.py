@@ -1,10 +1,10 @@
-"""The serving draft policy (``serving/policy.py``): pure Python, no server needed."""
+"""The draft policy (``sglang_domino/policy.py``): pure Python, no server needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_domino.serving.policy import DraftPolicy, PolicyError, widths_from_env
+from sglang_domino.policy import DraftPolicy, PolicyError, widths_from_env
 
 
 def simulate(policy: DraftPolicy, rates: dict, steps: int) -> dict:
@@ -115,7 +115,7 @@ def test_the_batch_cap_defaults_to_the_callers_and_0_lifts_it(monkeypatch):
 
 
 def test_policy_env_is_what_from_env_reads(monkeypatch):
-    from sglang_domino.serving.policy import policy_env
+    from sglang_domino.policy import policy_env
 
     assert policy_env() == {}
     for key, value in policy_env("always", 3, [1, 8]).items():

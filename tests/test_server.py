@@ -23,7 +23,7 @@ import pytest
 import requests
 import torch
 
-from sglang_domino.serving.policy import policy_env
+from sglang_domino.policy import policy_env
 from sglang_domino.serving.server import Server, free_port, preset_args, sse_events, start_all
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

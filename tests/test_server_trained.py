@@ -15,7 +15,7 @@ import pytest
 import requests
 import torch
 
-from sglang_domino.serving.policy import policy_env
+from sglang_domino.policy import policy_env
 from sglang_domino.serving.server import Server, free_port, preset_args, start_all
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -67,7 +67,7 @@ def test_server_accept_length_matches_transformers_tau(server, prompts_ids):
     target, tok = load_target(MODEL, torch.float32)
     drafter = load_drafter(DRAFTER, target.config, dtype=torch.float32)
     stops = stop_token_ids(target, tok)
-    hf = [speculative_generate(target, drafter, torch.tensor([ids]), MAX_NEW, stop_token_ids=stops)
+    hf = [speculative_generate(target, drafter, torch.tensor([ids]), MAX_NEW, stop_token_ids=stops, policy="always")
           for ids in prompts_ids]
 
     same = sum(s["output_ids"] == h.tokens for s, h in zip(served, hf))

@@ -60,5 +60,6 @@ def test_block_sizes_and_backbone_only_keep_parity(smollm2, prompts):
     drafter = init_drafter(target.config, num_layers=1, num_context_layers=3, block_size=8)
     ids = chat_input_ids(tokenizer, prompts[0])
     expected = plain_generate(target, ids, 24).tokens
-    for kwargs in ({"block_size": 2}, {"block_size": 5}, {"use_head": False}, {}):
+    for kwargs in ({"block_size": 2, "policy": "always"}, {"block_size": 5, "policy": "always"},
+                   {"use_head": False, "policy": "always"}, {"policy": "always"}, {}):
         assert speculative_generate(target, drafter, ids, 24, **kwargs).tokens == expected, kwargs

@@ -2,11 +2,16 @@
 
 One step, in the style of gpt-fast:
 
+    w      = policy.width(1)                                       # verify width: bonus + w-1 drafts
     z      = drafter.backbone([bonus, MASK...], context K/V)      # one parallel pass
     draft  = rollout(z, lm_head(z), bonus, head)                   # causal Domino head
     logits = target([bonus, draft])                                # one verify pass
     accept_len, bonus = verify(draft, logits)                      # lossless accept/reject
     crop the target KV of rejected drafts; append accepted hidden states to the drafter's context
+
+A width-1 step drafts nothing: the target decodes the bonus token alone (its hidden states still feed the
+drafter's context). The draft policy (``sglang_domino.policy``, the SGLang worker's) picks the width that
+commits the most tokens per second, so speculation never costs more than it measurably gains.
 
 ``plain_generate`` is the reference decoder with the same sampling procedure, so greedy outputs and
 sampled distributions can be compared one to one.
@@ -22,6 +27,7 @@ import torch
 from ..drafter import DominoDrafter, draft_dtype, vocab_logits
 from ..kernels import dispatch
 from ..linear import few_row_linears
+from ..policy import DraftPolicy
 from ..sampling import BatchSampling, SamplingParams, exponential_like, sample_from, sampling_probs
 
 
@@ -29,6 +35,7 @@ from ..sampling import BatchSampling, SamplingParams, exponential_like, sample_f
 class GenerateStats:
     new_tokens: int = 0
     accept_lens: list[int] = dataclasses.field(default_factory=list)  # drafts accepted per verify step
+    widths: list[int] = dataclasses.field(default_factory=list)  # verify width per step (1 = plain step)
     time_prefill: float = 0.0
     time_backbone: float = 0.0  # drafter backbone + base logits
     time_head: float = 0.0  # Domino head rollout
@@ -127,10 +134,15 @@ def speculative_generate(
     seed: int = 0,
     use_head: bool = True,
     block_size: int | None = None,
+    policy: DraftPolicy | str | None = None,
 ) -> GenerateOutput:
     """Domino speculative decoding. input_ids: [1, T]. ``use_head=False`` is backbone-only (DFlash).
 
-    block_size: verify block (bonus + drafts), at most the drafter's; default the drafter's.
+    block_size: the widest verify step (bonus + drafts), at most the drafter's block; default the drafter's.
+    policy: how wide each step is. ``"adaptive"`` measures the widths 1, 2, 4, 8 and ``block_size``
+    (``SGLANG_DOMINO_DRAFT_WIDTHS``) and runs the fastest; ``"always"`` verifies ``block_size`` at every step
+    (what a tau measurement wants); a ``DraftPolicy`` carries its measurements across calls. Default:
+    ``SGLANG_DOMINO_DRAFT_POLICY``, else adaptive.
     """
     from transformers import DynamicCache
 
@@ -138,6 +150,8 @@ def speculative_generate(
     block = min(block_size or cfg.block_size, cfg.block_size)
     if block < 2:
         raise ValueError(f"block_size={block_size}: must be >= 2")
+    if not isinstance(policy, DraftPolicy):
+        policy = DraftPolicy.from_env(block, mode=policy)
     device = input_ids.device
     embed = target.get_input_embeddings().weight
     lm_head = target.get_output_embeddings().weight
@@ -162,20 +176,26 @@ def speculative_generate(
         mask_ids = torch.full((1, cfg.block_size - 1), cfg.mask_token_id, device=device)
 
         while _stop_index(tokens, stop, max_new_tokens) is None:
-            n = min(block - 1, max_new_tokens - len(tokens) - 1)  # drafts this step
+            width = min(policy.width(1), block)
+            n = min(width - 1, max_new_tokens - len(tokens) - 1)  # drafts this step
             t0 = time.perf_counter()
-            block_ids = torch.cat([bonus[:, None], mask_ids], 1)
-            block_pos = torch.arange(pos, pos + cfg.block_size, device=device)[None]
-            z = drafter.backbone(embed[block_ids], block_pos, ctx_kv)[:, :n].to(draft_as)
-            base = vocab_logits(z, draft_lm_head)
-            t1 = time.perf_counter()
-            noise = sampler.noise(n) if sampler.batch is not None else None
-            draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch, noise)
+            draft = bonus.new_empty(1, 0)
+            if n > 0:
+                block_ids = torch.cat([bonus[:, None], mask_ids], 1)
+                block_pos = torch.arange(pos, pos + cfg.block_size, device=device)[None]
+                z = drafter.backbone(embed[block_ids], block_pos, ctx_kv)[:, :n].to(draft_as)
+                base = vocab_logits(z, draft_lm_head)
+                t1 = time.perf_counter()
+                noise = sampler.noise(n) if sampler.batch is not None else None
+                draft, q = dispatch.rollout(z, base, bonus, embed, head, cfg.pure_draft_prefix_len, sampler.batch,
+                                            noise)
             t2 = time.perf_counter()
 
             out = target(input_ids=torch.cat([bonus[:, None], draft], 1), past_key_values=cache, use_cache=True,
                          output_hidden_states=True)
-            if sampler.batch is None:
+            if n == 0:  # a plain step
+                accept_len, bonus = bonus.new_zeros(1), sampler.next_token(out.logits[:, -1])
+            elif sampler.batch is None:
                 accept_len, bonus = dispatch.verify_greedy(draft, out.logits)
             else:
                 p = sampling_probs(out.logits, sampler.batch)
@@ -189,9 +209,14 @@ def speculative_generate(
             pos += a + 1
             tokens += draft[0, :a].tolist() + [int(bonus)]
             stats.accept_lens.append(a)
-            stats.time_backbone += t1 - t0
-            stats.time_head += t2 - t1
-            stats.time_verify += time.perf_counter() - t2
+            t3 = time.perf_counter()
+            if n == width - 1:  # a step cut short by max_new_tokens says nothing about its width
+                policy.record(1, width, a + 1, t3 - t0)
+            if n > 0:
+                stats.time_backbone += t1 - t0
+                stats.time_head += t2 - t1
+            stats.time_verify += t3 - t2
+            stats.widths.append(n + 1)
 
         tokens = tokens[: _stop_index(tokens, stop, max_new_tokens)]
         stats.new_tokens, stats.time_total = len(tokens), time.perf_counter() - t_start

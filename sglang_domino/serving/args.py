@@ -8,7 +8,7 @@ import os
 import torch
 
 from ..config import CheckpointError, DominoConfig
-from .policy import PolicyError, max_draft_batch_from_env, policy_from_env, widths_from_env
+from ..policy import PolicyError, max_draft_batch_from_env, policy_from_env, widths_from_env
 
 logger = logging.getLogger(__name__)
 

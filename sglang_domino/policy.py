@@ -14,7 +14,8 @@ worst), and now and then runs a neighbour of the fastest (the next narrower or
 wider candidate, in turn) so that the estimates follow the traffic: after ``explore_every`` steps, then at
 intervals that double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket
 spends almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
-speed, never output.
+speed, never output. The SGLang worker keeps one policy per server; the Transformers backend one per
+``speculative_generate`` call unless the caller passes one in to carry what it measured to the next call.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
@@ -122,8 +123,10 @@ class DraftPolicy:
         self._news = False
 
     @classmethod
-    def from_env(cls, full_width: int, default_max_batch: int = 0) -> "DraftPolicy":
-        return cls(policy_from_env(), max_draft_batch_from_env(default_max_batch), widths_from_env(full_width))
+    def from_env(cls, full_width: int, default_max_batch: int = 0, mode: str | None = None) -> "DraftPolicy":
+        """The policy the environment sets (``mode``, when given, overrides ``SGLANG_DOMINO_DRAFT_POLICY``)."""
+        mode = policy_from_env() if mode is None else mode
+        return cls(mode, max_draft_batch_from_env(default_max_batch), widths_from_env(full_width))
 
     @staticmethod
     def _bucket_width(batch_size: int) -> int:
