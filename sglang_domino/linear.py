@@ -6,7 +6,9 @@ reading the weight from memory dominates: the GEMM behind it handles the transpo
 rows. The same product taken the other way round, ``(weight @ x.T).T``, reads the weight as a plain
 row-major left operand: SmolLM2-135M's linears at 2 and 4 rows cost 0.4x the stock form and less than one
 row does, 0.6-0.75x at 8-64 rows (2 threads, ``bench/cpu_matmul.py``, ``bench/results/cpu-matmul.json``).
-One row stays with ``F.linear`` (its GEMV is as fast or faster). The results agree to float rounding.
+One float32 row, a GEMV either way, runs as that two-column product of the row repeated, which is faster
+than the GEMV itself; bf16 rows, whose GEMV is fast, stay with ``F.linear``. The results agree to float
+rounding.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ def max_rows_from_env() -> int:
 
 def takes_transposed(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
     """Whether ``x`` [..., K] against ``weight`` [N, K] should run as ``(weight @ x.T).T``: a CPU, a plain
-    dense weight of x's dtype, and 2 .. max_rows rows (one row is a GEMV either way)."""
+    dense weight of x's dtype, and 2 .. max_rows rows, or one float32 row."""
     rows = x.numel() // max(x.shape[-1], 1)
-    return (x.device.type == "cpu" and 2 <= rows <= max_rows and weight.dim() == 2 and weight.is_contiguous()
+    few = 2 <= rows <= max_rows or (rows == 1 and max_rows >= 1 and x.dtype == torch.float32)
+    return (x.device.type == "cpu" and few and weight.dim() == 2 and weight.is_contiguous()
             and weight.dtype == x.dtype and weight.dtype.is_floating_point)
 
 
@@ -54,9 +57,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` computed as ``(weight @ x.T).T``, unconditionally (callers check ``takes_transposed``)."""
+    """``F.linear`` computed as ``(weight @ x.T).T``, unconditionally (callers check ``takes_transposed``);
+    one row as two copies of it (a two-column GEMM, not a GEMV)."""
     x2 = x.reshape(-1, x.shape[-1])
-    out = torch.mm(weight, x2.t()).t().contiguous()
+    rows = x2.shape[0]
+    if rows == 1:
+        x2 = x2.repeat(2, 1)  # a real copy: a stride-0 expand makes the GEMM slow again
+    out = torch.mm(weight, x2.t())[:, :rows].t().contiguous()
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], weight.shape[0])
@@ -65,7 +72,8 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 @contextmanager
 def few_row_linears(model: nn.Module, max_rows: int | None = None):
     """For the duration, every ``nn.Linear`` of ``model`` computes through ``linear`` (the transposed form at
-    2..max_rows rows on a CPU, ``F.linear`` otherwise): the Transformers backend's verify forwards.
+    2..max_rows rows and at one float32 row on a CPU, ``F.linear`` otherwise): the Transformers backend's
+    decode and verify forwards.
     max_rows: default ``max_rows_from_env()``; 0 leaves the model as it is."""
     max_rows = max_rows_from_env() if max_rows is None else max_rows
     patched = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in vars(m)] if max_rows else []

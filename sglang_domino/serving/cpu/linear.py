@@ -1,10 +1,10 @@
-"""Few-row matmuls of SGLang's CPU engine through ``sglang_domino.linear`` (2-3x cheaper at 2-64 rows).
+"""Few-row matmuls of SGLang's CPU engine through ``sglang_domino.linear`` (2-3x cheaper at 1-64 rows).
 
 AROUND hooks on the two places a dense model's weights are multiplied: ``UnquantizedLinearMethod.apply``
-(every linear layer) and ``LogitsProcessor._compute_lm_head`` (its plain-weight branch). Decode steps of a
-batch and verify steps of speculative decoding are exactly the 2-64-row products the stock path makes
-dear; one-row products, prefill-sized ones, quantized, AMX-packed, LoRA and fp32-lm-head cases go to the
-original method. Every CPU server gets it (plain decoding too, so a baseline is not handicapped);
+(every linear layer) and ``LogitsProcessor._compute_lm_head`` (its plain-weight branch). Decode steps and
+verify steps of speculative decoding are exactly the 1-64-row products the stock path makes dear
+(one row: float32 only); one bf16 row, prefill-sized products, quantized, AMX-packed, LoRA and
+fp32-lm-head cases go to the original method. Every CPU server gets it (plain decoding too, so a baseline is not handicapped);
 ``SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS=0`` switches it off.
 """
 
@@ -50,7 +50,7 @@ def register_hooks() -> None:
 
     global _MAX_ROWS
     _MAX_ROWS = max_rows_from_env()
-    if _MAX_ROWS < 2:
+    if _MAX_ROWS < 1:
         logger.info("sglang-domino: CPU few-row linear off (SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS=%d)", _MAX_ROWS)
         return
     HookRegistry.register(LINEAR_TARGET, linear_apply_around, HookType.AROUND)
