@@ -53,7 +53,10 @@ def cmd_generate(args) -> None:
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.model, dtype)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
-    ids = chat_input_ids(tokenizer, args.prompt) if args.chat else tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    if args.chat:
+        ids = chat_input_ids(tokenizer, args.prompt)
+    else:
+        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     stops = stop_token_ids(target, tokenizer)
     if args.plain:
         out = plain_generate(target, ids, args.max_new_tokens, params, stops, args.seed)
