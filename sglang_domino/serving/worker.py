@@ -35,8 +35,8 @@ import torch
 
 from ..drafter import draft_dtype, load_drafter, vocab_logits
 from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton on CUDA, torch reference on CPU
-from .context import ContextPool
 from ..policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
+from .context import ContextPool
 from .sampling import draft_batch_sampling, sglang_probs
 
 from sglang.srt.managers.utils import GenerationBatchResult

@@ -4,7 +4,8 @@ AROUND hooks on the two places a dense model's weights are multiplied: ``Unquant
 (every linear layer) and ``LogitsProcessor._compute_lm_head`` (its plain-weight branch). Decode steps and
 verify steps of speculative decoding are exactly the 1-64-row products the stock path makes dear
 (one row: float32 only); one bf16 row, prefill-sized products, quantized, AMX-packed, LoRA and
-fp32-lm-head cases go to the original method. Every CPU server gets it (plain decoding too, so a baseline is not handicapped);
+fp32-lm-head cases go to the original method. Every CPU server gets it (plain decoding too, so a baseline is
+not handicapped);
 ``SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS=0`` switches it off.
 """
 
