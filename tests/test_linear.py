@@ -8,7 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import sglang_domino.linear as lin
-from sglang_domino.linear import MAX_ROWS_ENV, few_row_linears, linear, max_rows_from_env, takes_transposed
+from sglang_domino.linear import (MAX_ROWS_ENV, faster_rows, few_row_linears, linear, max_rows_from_env, row_bucket,
+                                  takes_transposed, transposed_linear)
+
+EVERY_BUCKET = frozenset(1 << i for i in range(7))  # 1 .. 64 rows
+
+
+@pytest.fixture
+def transposed_everywhere(monkeypatch):
+    """As if the transposed form had measured faster at every row count."""
+    monkeypatch.setattr(lin, "faster_rows", lambda dtype, max_rows: EVERY_BUCKET)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -20,12 +29,13 @@ def test_matches_f_linear(rows, k, n, dtype, tol):
     w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
     b = torch.randn(n, generator=g).to(dtype)
     for bias in (None, b):
-        got, want = linear(x, w, bias), F.linear(x, w, bias)
-        assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
-        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+        want = F.linear(x, w, bias)
+        for got in (transposed_linear(x, w, bias), linear(x, w, bias)):
+            assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
+            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-def test_leading_dims_and_grad():
+def test_leading_dims_and_grad(transposed_everywhere):
     x = torch.randn(2, 3, 16, requires_grad=True)
     w = torch.randn(10, 16, requires_grad=True)
     y = linear(x, w)
@@ -39,15 +49,35 @@ def test_leading_dims_and_grad():
 
 def test_which_products_take_the_transposed_form():
     w = torch.randn(8, 4)
-    assert takes_transposed(torch.randn(1, 4), w, 64)  # one fp32 row: as a 2-column GEMM
-    assert not takes_transposed(torch.randn(1, 4).bfloat16(), w.bfloat16(), 64)  # bf16's GEMV is fast
-    assert not takes_transposed(torch.randn(1, 4), w, 0)
-    assert takes_transposed(torch.randn(2, 4), w, 64)
-    assert takes_transposed(torch.randn(4, 16, 4), w, 64)  # 64 rows
-    assert not takes_transposed(torch.randn(65, 4), w, 64)
-    assert not takes_transposed(torch.randn(2, 4), w, 0)  # switched off
-    assert not takes_transposed(torch.randn(2, 4), w.t().contiguous().t(), 64)  # not row-major
-    assert not takes_transposed(torch.randn(2, 4).double(), w, 64)  # dtypes differ
+    assert takes_transposed(torch.randn(1, 4), w, 64, EVERY_BUCKET)
+    assert takes_transposed(torch.randn(1, 4).bfloat16(), w.bfloat16(), 64, EVERY_BUCKET)
+    assert not takes_transposed(torch.randn(1, 4), w, 0, EVERY_BUCKET)  # switched off
+    assert takes_transposed(torch.randn(4, 16, 4), w, 64, EVERY_BUCKET)  # 64 rows
+    assert not takes_transposed(torch.randn(65, 4), w, 64, EVERY_BUCKET)
+    assert not takes_transposed(torch.randn(2, 4), w.t().contiguous().t(), 64, EVERY_BUCKET)  # not row-major
+    assert not takes_transposed(torch.randn(2, 4).double(), w, 64, EVERY_BUCKET)  # dtypes differ
+    only_2_3 = frozenset({2})  # measured faster at 2 rows only: 2 and 3 rows share that bucket
+    assert [takes_transposed(torch.randn(r, 4), w, 64, only_2_3) for r in (1, 2, 3, 4, 7)] == [
+        False, True, True, False, False]
+
+
+def test_row_buckets():
+    assert [row_bucket(r) for r in (1, 2, 3, 4, 5, 7, 8, 63, 64)] == [1, 2, 2, 4, 4, 4, 8, 32, 64]
+
+
+def test_faster_rows_is_measured_once_per_dtype(monkeypatch):
+    monkeypatch.setattr(lin, "MEASURE_SHAPE", (256, 64))
+    monkeypatch.setattr(lin, "_FASTER", {})
+    calls = []
+    real = lin.transposed_linear
+    monkeypatch.setattr(lin, "transposed_linear", lambda *a: calls.append(1) or real(*a))
+    got = faster_rows(torch.float32, 8)
+    assert got <= {1, 2, 4, 8} and len(calls) == 4 * 6  # 4 buckets x (warm-up + 5 timed)
+    assert faster_rows(torch.float32, 8) is got and len(calls) == 24  # cached
+    faster_rows(torch.bfloat16, 8)
+    assert len(calls) == 48
+    monkeypatch.setattr(lin, "faster_rows", lambda dtype, max_rows: frozenset())  # measured slower everywhere
+    assert not takes_transposed(torch.randn(2, 64), torch.randn(8, 64), 64)
 
 
 def test_env(monkeypatch):
@@ -61,7 +91,7 @@ def test_env(monkeypatch):
             max_rows_from_env()
 
 
-def test_sglang_linear_hook_routes_by_rows():
+def test_sglang_linear_hook_routes_by_rows(transposed_everywhere):
     from sglang_domino.serving.cpu.linear import linear_apply_around
 
     calls = []
@@ -80,8 +110,7 @@ def test_sglang_linear_hook_routes_by_rows():
     assert calls == [65, 3]
 
 
-
-def test_few_row_linears_patches_for_the_duration_only(monkeypatch):
+def test_few_row_linears_patches_for_the_duration_only(monkeypatch, transposed_everywhere):
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8, bias=False))
     x = torch.randn(3, 16)
     want = model(x)

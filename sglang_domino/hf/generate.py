@@ -107,7 +107,7 @@ def plain_generate(target, input_ids: torch.Tensor, max_new_tokens: int,
     """Reference decoding, one target step per token. input_ids: [1, T]."""
     from transformers import DynamicCache
 
-    with few_row_linears(target):  # the target's 2-64-row forwards (verify) cheap on a CPU
+    with few_row_linears(target):  # the target's 1-64-row forwards in the faster form on a CPU
         stats, t0 = GenerateStats(), time.perf_counter()
         sampler = _Sampler(sampling, target.config.get_text_config().vocab_size, input_ids.device, seed)
         cache, tokens, step_input = DynamicCache(), [], input_ids
@@ -163,7 +163,7 @@ def speculative_generate(
     stats, t_start = GenerateStats(), time.perf_counter()
 
     # Prefill: target KV and features for the prompt; the first token comes from the target.
-    with few_row_linears(target):  # the target's 2-64-row forwards (verify) cheap on a CPU
+    with few_row_linears(target):  # the target's 1-64-row forwards in the faster form on a CPU
         cache = DynamicCache()
         out = target(input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
         positions = torch.arange(input_ids.shape[1], device=device)[None]

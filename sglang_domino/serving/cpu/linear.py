@@ -1,11 +1,12 @@
-"""Few-row matmuls of SGLang's CPU engine through ``sglang_domino.linear`` (2-3x cheaper at 1-64 rows).
+"""Few-row matmuls of SGLang's CPU engine through ``sglang_domino.linear``, in the form this machine runs faster.
 
 AROUND hooks on the two places a dense model's weights are multiplied: ``UnquantizedLinearMethod.apply``
 (every linear layer) and ``LogitsProcessor._compute_lm_head`` (its plain-weight branch). Decode steps and
-verify steps of speculative decoding are exactly the 1-64-row products the stock path makes dear
-(one row: float32 only); one bf16 row, prefill-sized products, quantized, AMX-packed, LoRA and
-fp32-lm-head cases go to the original method. Every CPU server gets it (plain decoding too, so a baseline is
-not handicapped);
+verify steps of speculative decoding are 1-64-row products, where PyTorch's stock form can cost 2-3x what
+``(W @ x.T).T`` costs, or the reverse, depending on the host; the first such product in the scheduler times
+both forms (``sglang_domino.linear.faster_rows``, logged) and each row count takes the faster.
+Prefill-sized products, quantized, AMX-packed, LoRA and fp32-lm-head cases go to the original method.
+Every CPU server gets it (plain decoding too, so a baseline is not handicapped);
 ``SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS=0`` switches it off.
 """
 
