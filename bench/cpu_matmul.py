@@ -5,8 +5,8 @@ A plain decode step multiplies each weight by M = batch rows; a width-w verify s
 This times one forward's worth of SmolLM2-135M's linears (30 layers of qkv 576->960, gate_up 576->3072,
 o 576->576, down 1536->576, all resident in memory at once as in a real forward, so every weight comes
 from DRAM; and the 576->49152 LM head) for M in --rows, in two forms: ``stock`` (``F.linear``, what SGLang
-calls) and ``transposed`` (``(W @ x.T).T``, ``sglang_domino.linear`` at 1-64 rows: one row repeated to
-two, since a two-column GEMM beats the GEMV); with 1 and 2
+calls) and ``transposed`` (``(W @ x.T).T``, one row repeated to two; what ``sglang_domino.linear`` runs
+at the 1-64-row counts where it measures faster on the machine at hand); with 1 and 2
 torch threads, once with the other cores idle and once with a busy-looping process on every core but one
 (what the tokenizer, detokenizer and HTTP client of a server on the same machine do to it).
 
