@@ -2,11 +2,12 @@
 
 A decode step multiplies each weight by one row per request, a verify step by ``width`` rows per request.
 Reading the weight from memory should dominate, but how PyTorch's CPU matmul handles the transposed weight
-at so few rows depends on the machine (its BLAS kernels and CPU). On one 2-core AMD EPYC host ``F.linear``
-at 2-64 rows cost 2-3x one row, and ``(weight @ x.T).T`` (the weight as a plain row-major left operand; one
-row as two copies of it) cost 0.4x the stock form at 1-4 rows; on another host of the same kind the stock
-form was as cheap at 2 rows as at 1 and the transposed one 2.6x dearer (``bench/cpu_matmul.py``,
-``bench/results/cpu-matmul*.json``). So neither form is hard-wired: the first product of each dtype (per
+at so few rows depends on the machine (its CPU and the BLAS kernels PyTorch picks for it). On a 2-core AMD
+EPYC host ``F.linear`` at 2-64 rows cost 2-3x one row, and ``(weight @ x.T).T`` (the weight as a plain
+row-major left operand; one row as two copies of it) cost 0.4x the stock form at 1-4 rows; on a 2-core Intel
+Xeon host the stock form cost the same at 2 rows as at 1 and the transposed one 2.5-2.9x more at 1-2 rows
+(``bench/cpu_matmul.py``; ``bench/results/cpu-matmul.json``, ``cpu-matmul-one-row.json``,
+``cpu-matmul-host-b.json``). So neither form is hard-wired: the first product of each dtype (per
 thread count) times both forms on a DRAM-sized weight at 1, 2, 4, ... ``max_rows`` rows (~1 s, once per
 process) and a row count then takes the transposed form only where its power-of-two bucket measured it
 faster. The results agree to float rounding.
