@@ -7,10 +7,11 @@ EPYC host ``F.linear`` at 2-64 rows cost 2-3x one row, and ``(weight @ x.T).T`` 
 row-major left operand; one row as two copies of it) cost 0.4x the stock form at 1-4 rows; on a 2-core Intel
 Xeon host the stock form cost the same at 2 rows as at 1 and the transposed one 2.5-2.9x more at 1-2 rows
 (``bench/cpu_matmul.py``; ``bench/results/cpu-matmul.json``, ``cpu-matmul-one-row.json``,
-``cpu-matmul-host-b.json``). So neither form is hard-wired: the first product of each dtype (per
-thread count) times both forms on a DRAM-sized weight at 1, 2, 4, ... ``max_rows`` rows (~1 s, once per
-process) and a row count then takes the transposed form only where its power-of-two bucket measured it
-faster. The results agree to float rounding.
+``cpu-matmul-host-b.json``), and a stand-in weight timed alone misleads (it may sit in a cache the real
+forward, streaming every weight, never hits). So neither form is hard-wired: the first ``TRIALS`` real
+products of each (dtype, weight shape, power-of-two row bucket, thread count) alternate the two forms and
+are timed; from then on that kind of product takes the form with the lower median (the transposed one only
+when it wins by 5%). The results agree to float rounding.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import time
 import types
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +31,9 @@ logger = logging.getLogger(__name__)
 
 MAX_ROWS_ENV = "SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS"
 DEFAULT_MAX_ROWS = 64
-MEASURE_SHAPE = (16384, 1024)  # the weight timed by ``faster_rows``: 64 MB in fp32, so it streams from DRAM
-_FASTER: dict[tuple[torch.dtype, int, int], frozenset[int]] = {}  # (dtype, threads, max_rows) -> buckets
+TRIALS = 8  # timed calls per form before a kind of product settles on one
+_SAMPLES: dict[tuple, tuple[list[float], list[float]]] = {}  # key -> (stock seconds, transposed seconds)
+_DECIDED: dict[tuple, bool] = {}  # key -> takes the transposed form
 
 
 def max_rows_from_env() -> int:
@@ -52,62 +55,55 @@ def row_bucket(rows: int) -> int:
     return 1 << (max(rows, 1).bit_length() - 1)
 
 
-def _median_ms(fn, reps: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[reps // 2] * 1e3
-
-
-def faster_rows(dtype: torch.dtype, max_rows: int) -> frozenset[int]:
-    """Row buckets (powers of two up to ``max_rows``) where ``transposed_linear`` beat ``F.linear`` by 5% on
-    this machine for a ``MEASURE_SHAPE`` weight of ``dtype``; measured on first use per dtype and thread count."""
-    key = (dtype, torch.get_num_threads(), max_rows)
-    if key not in _FASTER:
-        g = torch.Generator().manual_seed(0)
-        w = torch.randn(MEASURE_SHAPE, generator=g).to(dtype)
-        faster, report = set(), []
-        bucket = 1
-        while bucket <= max_rows:
-            x = torch.randn(bucket, MEASURE_SHAPE[1], generator=g).to(dtype)
-            stock = _median_ms(lambda: F.linear(x, w))
-            transposed = _median_ms(lambda: transposed_linear(x, w))
-            if transposed < 0.95 * stock:
-                faster.add(bucket)
-            report.append(f"{bucket}: {stock:.1f} / {transposed:.1f}")
-            bucket *= 2
-        _FASTER[key] = frozenset(faster)
-        logger.info("sglang-domino few-row linear, %s, %d threads: ms stock / transposed at rows %s; transposed "
-                    "at %s", str(dtype).removeprefix("torch."), key[1], ", ".join(report), sorted(faster) or "none")
-    return _FASTER[key]
-
-
-def takes_transposed(x: torch.Tensor, weight: torch.Tensor, max_rows: int,
-                     faster: frozenset[int] | None = None) -> bool:
-    """Whether ``x`` [..., K] against ``weight`` [N, K] should run as ``(weight @ x.T).T``: a CPU, a plain
-    dense weight of x's dtype, 1 .. max_rows rows, and a row bucket in ``faster`` (default: ``faster_rows``,
-    measured here)."""
+def few_row_key(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> tuple | None:
+    """For ``x`` [..., K] against ``weight`` [N, K]: the kind of product, (dtype, N, K, row bucket, threads),
+    when it may take the transposed form (a CPU, a plain dense weight of x's dtype, 1 .. max_rows rows), else
+    None."""
     rows = x.numel() // max(x.shape[-1], 1)
     if not (x.device.type == "cpu" and 1 <= rows <= max_rows and weight.dim() == 2 and weight.is_contiguous()
             and weight.dtype == x.dtype and weight.dtype.is_floating_point):
-        return False
-    return row_bucket(rows) in (faster_rows(x.dtype, max_rows) if faster is None else faster)
+        return None
+    return (x.dtype, *weight.shape, row_bucket(rows), torch.get_num_threads())
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def faster_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stock: Callable[[], torch.Tensor],
+                  max_rows: int) -> torch.Tensor:
+    """``x @ weight.T + bias`` in the faster form: ``stock()`` (the caller's own way) or ``transposed_linear``,
+    trying both on the first ``TRIALS`` products of each kind (``few_row_key``)."""
+    key = few_row_key(x, weight, max_rows)
+    if key is None:
+        return stock()
+    choice = _DECIDED.get(key)
+    if choice is not None:
+        return transposed_linear(x, weight, bias) if choice else stock()
+    stock_s, transposed_s = _SAMPLES.setdefault(key, ([], []))
+    use_transposed = len(transposed_s) <= len(stock_s)
+    t = time.perf_counter()
+    out = transposed_linear(x, weight, bias) if use_transposed else stock()
+    (transposed_s if use_transposed else stock_s).append(time.perf_counter() - t)
+    if len(stock_s) >= TRIALS and len(transposed_s) >= TRIALS:
+        stock_ms, transposed_ms = _median(stock_s) * 1e3, _median(transposed_s) * 1e3
+        _DECIDED[key] = transposed_ms < 0.95 * stock_ms
+        dtype, n, k, bucket, threads = key
+        logger.info("sglang-domino few-row linear: %s [%d x %d] at %d-%d rows, %d threads: stock %.2f ms, "
+                    "transposed %.2f ms -> %s", str(dtype).removeprefix("torch."), n, k, bucket, 2 * bucket - 1,
+                    threads, stock_ms, transposed_ms, "transposed" if _DECIDED[key] else "stock")
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            max_rows: int = DEFAULT_MAX_ROWS) -> torch.Tensor:
-    """x [..., K], weight [N, K], bias [N] or None -> [..., N] (contiguous), like ``F.linear``."""
-    if not takes_transposed(x, weight, max_rows):
-        return F.linear(x, weight, bias)
-    return transposed_linear(x, weight, bias)
+    """x [..., K], weight [N, K], bias [N] or None -> [..., N], like ``F.linear``, in the faster form."""
+    return faster_linear(x, weight, bias, lambda: F.linear(x, weight, bias), max_rows)
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` computed as ``(weight @ x.T).T``, unconditionally (callers check ``takes_transposed``);
-    one row as two copies of it (a two-column GEMM, not a GEMV)."""
+    """``F.linear`` computed as ``(weight @ x.T).T`` (contiguous), unconditionally; one row as two copies of it
+    (a two-column GEMM, not a GEMV)."""
     x2 = x.reshape(-1, x.shape[-1])
     rows = x2.shape[0]
     if rows == 1:
@@ -120,9 +116,9 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 @contextmanager
 def few_row_linears(model: nn.Module, max_rows: int | None = None):
-    """For the duration, every ``nn.Linear`` of ``model`` computes through ``linear`` (the transposed form on a
-    CPU at the row counts where it measured faster, ``F.linear`` otherwise): the Transformers backend's decode
-    and verify forwards.
+    """For the duration, every ``nn.Linear`` of ``model`` computes through ``linear`` (on a CPU, the faster of
+    ``F.linear`` and the transposed form at 1..max_rows rows): the Transformers backend's decode and verify
+    forwards.
     max_rows: default ``max_rows_from_env()``; 0 leaves the model as it is."""
     max_rows = max_rows_from_env() if max_rows is None else max_rows
     patched = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in vars(m)] if max_rows else []

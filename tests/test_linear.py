@@ -1,5 +1,6 @@
 """sglang_domino.linear (the few-row CPU matmul) against F.linear, the SGLang hook's routing and the HF patch."""
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -8,16 +9,23 @@ import torch.nn.functional as F
 from torch import nn
 
 import sglang_domino.linear as lin
-from sglang_domino.linear import (MAX_ROWS_ENV, faster_rows, few_row_linears, linear, max_rows_from_env, row_bucket,
-                                  takes_transposed, transposed_linear)
+from sglang_domino.linear import (MAX_ROWS_ENV, faster_linear, few_row_key, few_row_linears, linear,
+                                  max_rows_from_env, row_bucket, transposed_linear)
 
-EVERY_BUCKET = frozenset(1 << i for i in range(7))  # 1 .. 64 rows
+
+class _Every(dict):
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def get(self, key, default=None):
+        return self.value
 
 
 @pytest.fixture
 def transposed_everywhere(monkeypatch):
-    """As if the transposed form had measured faster at every row count."""
-    monkeypatch.setattr(lin, "faster_rows", lambda dtype, max_rows: EVERY_BUCKET)
+    """As if the transposed form had been timed faster for every kind of product."""
+    monkeypatch.setattr(lin, "_DECIDED", _Every(True))
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -47,37 +55,51 @@ def test_leading_dims_and_grad(transposed_everywhere):
     torch.testing.assert_close(w.grad, w2.grad)
 
 
-def test_which_products_take_the_transposed_form():
+def test_which_products_may_take_the_transposed_form():
     w = torch.randn(8, 4)
-    assert takes_transposed(torch.randn(1, 4), w, 64, EVERY_BUCKET)
-    assert takes_transposed(torch.randn(1, 4).bfloat16(), w.bfloat16(), 64, EVERY_BUCKET)
-    assert not takes_transposed(torch.randn(1, 4), w, 0, EVERY_BUCKET)  # switched off
-    assert takes_transposed(torch.randn(4, 16, 4), w, 64, EVERY_BUCKET)  # 64 rows
-    assert not takes_transposed(torch.randn(65, 4), w, 64, EVERY_BUCKET)
-    assert not takes_transposed(torch.randn(2, 4), w.t().contiguous().t(), 64, EVERY_BUCKET)  # not row-major
-    assert not takes_transposed(torch.randn(2, 4).double(), w, 64, EVERY_BUCKET)  # dtypes differ
-    only_2_3 = frozenset({2})  # measured faster at 2 rows only: 2 and 3 rows share that bucket
-    assert [takes_transposed(torch.randn(r, 4), w, 64, only_2_3) for r in (1, 2, 3, 4, 7)] == [
-        False, True, True, False, False]
+    threads = torch.get_num_threads()
+    assert few_row_key(torch.randn(1, 4), w, 64) == (torch.float32, 8, 4, 1, threads)
+    assert few_row_key(torch.randn(3, 4).bfloat16(), w.bfloat16(), 64) == (torch.bfloat16, 8, 4, 2, threads)
+    assert few_row_key(torch.randn(4, 16, 4), w, 64)[3] == 64  # 64 rows
+    assert few_row_key(torch.randn(1, 4), w, 0) is None  # switched off
+    assert few_row_key(torch.randn(65, 4), w, 64) is None
+    assert few_row_key(torch.randn(2, 4), w.t().contiguous().t(), 64) is None  # not row-major
+    assert few_row_key(torch.randn(2, 4).double(), w, 64) is None  # dtypes differ
 
 
 def test_row_buckets():
     assert [row_bucket(r) for r in (1, 2, 3, 4, 5, 7, 8, 63, 64)] == [1, 2, 2, 4, 4, 4, 8, 32, 64]
 
 
-def test_faster_rows_is_measured_once_per_dtype(monkeypatch):
-    monkeypatch.setattr(lin, "MEASURE_SHAPE", (256, 64))
-    monkeypatch.setattr(lin, "_FASTER", {})
-    calls = []
-    real = lin.transposed_linear
-    monkeypatch.setattr(lin, "transposed_linear", lambda *a: calls.append(1) or real(*a))
-    got = faster_rows(torch.float32, 8)
-    assert got <= {1, 2, 4, 8} and len(calls) == 4 * 6  # 4 buckets x (warm-up + 5 timed)
-    assert faster_rows(torch.float32, 8) is got and len(calls) == 24  # cached
-    faster_rows(torch.bfloat16, 8)
-    assert len(calls) == 48
-    monkeypatch.setattr(lin, "faster_rows", lambda dtype, max_rows: frozenset())  # measured slower everywhere
-    assert not takes_transposed(torch.randn(2, 64), torch.randn(8, 64), 64)
+@pytest.mark.parametrize("slow", ["stock", "transposed"])
+def test_each_kind_of_product_settles_on_the_form_timed_faster(monkeypatch, slow):
+    monkeypatch.setattr(lin, "_SAMPLES", {})
+    monkeypatch.setattr(lin, "_DECIDED", {})
+    real, calls = lin.transposed_linear, []
+
+    def transposed(*a):
+        calls.append("transposed")
+        if slow == "transposed":
+            time.sleep(0.002)
+        return real(*a)
+
+    def stock():
+        calls.append("stock")
+        if slow == "stock":
+            time.sleep(0.002)
+        return F.linear(x, w)
+
+    monkeypatch.setattr(lin, "transposed_linear", transposed)
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    for _ in range(2 * lin.TRIALS + 5):
+        torch.testing.assert_close(faster_linear(x, w, None, stock, 64), F.linear(x, w))
+    trials = calls[:2 * lin.TRIALS]
+    assert trials.count("stock") == trials.count("transposed") == lin.TRIALS  # alternating
+    fast = "transposed" if slow == "stock" else "stock"
+    assert calls[2 * lin.TRIALS:] == [fast] * 5
+    assert lin._DECIDED == {few_row_key(x, w, 64): fast == "transposed"}
+    faster_linear(torch.randn(5, 16), w, None, lambda: F.linear(torch.randn(5, 16), w), 64)  # another bucket
+    assert len(lin._SAMPLES) == 2 and len(lin._DECIDED) == 1
 
 
 def test_env(monkeypatch):

@@ -3,8 +3,8 @@
 AROUND hooks on the two places a dense model's weights are multiplied: ``UnquantizedLinearMethod.apply``
 (every linear layer) and ``LogitsProcessor._compute_lm_head`` (its plain-weight branch). Decode steps and
 verify steps of speculative decoding are 1-64-row products, where PyTorch's stock form can cost 2-3x what
-``(W @ x.T).T`` costs, or the reverse, depending on the host; the first such product in the scheduler times
-both forms (``sglang_domino.linear.faster_rows``, logged) and each row count takes the faster.
+``(W @ x.T).T`` costs, or the reverse, depending on the host; the first products of each kind time both
+forms (``sglang_domino.linear.faster_linear``, each verdict logged) and the rest take the faster.
 Prefill-sized products, quantized, AMX-packed, LoRA and fp32-lm-head cases go to the original method.
 Every CPU server gets it (plain decoding too, so a baseline is not handicapped);
 ``SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS=0`` switches it off.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from ...linear import DEFAULT_MAX_ROWS, max_rows_from_env, takes_transposed, transposed_linear
+from ...linear import DEFAULT_MAX_ROWS, faster_linear, max_rows_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +25,9 @@ _MAX_ROWS = DEFAULT_MAX_ROWS  # set from SGLANG_DOMINO_CPU_LINEAR_MAX_ROWS by re
 
 
 def linear_apply_around(original, method, layer, x, bias=None):
-    weight = layer.weight
-    if getattr(layer, "use_intel_amx_backend", False) or not takes_transposed(x, weight, _MAX_ROWS):
+    if getattr(layer, "use_intel_amx_backend", False):
         return original(method, layer, x, bias)
-    return transposed_linear(x, weight, bias)
+    return faster_linear(x, layer.weight, bias, lambda: original(method, layer, x, bias), _MAX_ROWS)
 
 
 def compute_lm_head_around(original, processor, hidden_states, lm_head, embedding_bias=None, **kwargs):
@@ -40,10 +39,10 @@ def compute_lm_head_around(original, processor, hidden_states, lm_head, embeddin
             or should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
             or getattr(processor, "use_fp32_lm_head", False)
             or getattr(processor, "rl_on_policy_target", None) is not None
-            or getattr(lm_head, "use_intel_amx_backend", False)
-            or not takes_transposed(hidden_states, weight, _MAX_ROWS)):
+            or getattr(lm_head, "use_intel_amx_backend", False)):
         return original(processor, hidden_states, lm_head, embedding_bias, **kwargs)
-    return transposed_linear(hidden_states, weight)
+    return faster_linear(hidden_states, weight, None,
+                         lambda: original(processor, hidden_states, lm_head, embedding_bias, **kwargs), _MAX_ROWS)
 
 
 def register_hooks() -> None:
