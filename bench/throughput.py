@@ -8,7 +8,8 @@ each concurrency level, a fixed set of prompts (MT-Bench first turns + held-out 
 template applied by the server) is sent through /generate with streaming, a fixed output length
 (ignore_eos) and greedy decoding unless --temperature is given. Per level it records output tok/s,
 TTFT, inter-token latency (ITL = (e2e - TTFT) / (tokens - 1) per request), e2e p50/p99 and the
-accept length that SGLang reports in each response's meta_info.
+accept length that SGLang reports in each response's meta_info. On a CPU the JSON also records, per server,
+the few-row linear's choices from its log (``linear_verdicts``).
 
     python bench/throughput.py --draft drafters/smollm2-domino --concurrency 1 2 4 8 16 32
     python bench/throughput.py --draft D --kinds baseline domino ngram --output-len 128 --requests 32
@@ -141,6 +142,12 @@ def plot(rows: list[dict], path: Path) -> Path | None:
 KINDS = ("baseline", "baseline-sync", "baseline-stock", "domino", "domino-always", "ngram")
 
 
+def linear_verdicts(log_path: str) -> list[str]:
+    """The few-row linear's verdicts in a server log (``sglang_domino.linear``: one per kind of product and
+    process start, each with both forms' median times and the form taken)."""
+    return re.findall(r"few-row linear: (.+ -> (?:stock|transposed))", Path(log_path).read_text(errors="replace"))
+
+
 def server_kind(value: str) -> str:
     """argparse type of --kinds: a preset name, baseline-sync (the baseline preset without overlap scheduling),
     baseline-stock (without the plugin's few-row CPU linear) or domino-wN (drafting width N at every step)."""
@@ -260,6 +267,9 @@ def main(argv=None) -> int:
             for server in live.values():
                 server.stop()
     bar.close()
+    for kind, info in servers_info.items():
+        if device == "cpu" and "error" not in info:
+            info["few_row_linear"] = linear_verdicts(str(RESULTS / f"{name}-{kind}.log"))
     rows = []
     for c in args.concurrency:
         for kind in args.kinds:

@@ -1,6 +1,9 @@
 """sglang_domino.linear (the few-row CPU matmul) against F.linear, the SGLang hook's routing and the HF patch."""
 
+import importlib.util
+import logging
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +14,10 @@ from torch import nn
 import sglang_domino.linear as lin
 from sglang_domino.linear import (MAX_ROWS_ENV, faster_linear, few_row_key, few_row_linears, linear,
                                   max_rows_from_env, row_bucket, transposed_linear)
+
+_spec = importlib.util.spec_from_file_location("throughput", Path(__file__).parents[1] / "bench" / "throughput.py")
+throughput = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(throughput)
 
 
 class _Every(dict):
@@ -72,7 +79,8 @@ def test_row_buckets():
 
 
 @pytest.mark.parametrize("slow", ["stock", "transposed"])
-def test_each_kind_of_product_settles_on_the_form_timed_faster(monkeypatch, slow):
+def test_each_kind_of_product_settles_on_the_form_timed_faster(monkeypatch, caplog, tmp_path, slow):
+    caplog.set_level(logging.INFO, logger=lin.__name__)
     monkeypatch.setattr(lin, "_SAMPLES", {})
     monkeypatch.setattr(lin, "_DECIDED", {})
     real, calls = lin.transposed_linear, []
@@ -100,6 +108,10 @@ def test_each_kind_of_product_settles_on_the_form_timed_faster(monkeypatch, slow
     assert lin._DECIDED == {few_row_key(x, w, 64): fast == "transposed"}
     faster_linear(torch.randn(5, 16), w, None, lambda: F.linear(torch.randn(5, 16), w), 64)  # another bucket
     assert len(lin._SAMPLES) == 2 and len(lin._DECIDED) == 1
+    log = tmp_path / "server.log"  # the verdict as bench/throughput.py reads it back from a server log
+    log.write_text("\n".join(f"[time] {r.getMessage()}" for r in caplog.records) + "\n")
+    (verdict,) = throughput.linear_verdicts(str(log))
+    assert verdict.startswith("float32 [8 x 16] at 2-3 rows") and verdict.endswith(f"-> {fast}")
 
 
 def test_env(monkeypatch):
