@@ -7,8 +7,9 @@ EPYC host ``F.linear`` at 2-64 rows cost 2-3x one row, and ``(weight @ x.T).T`` 
 row-major left operand; one row as two copies of it) cost 0.4x the stock form at 1-4 rows; on a 2-core Intel
 Xeon host the stock form cost the same at 2 rows as at 1 and the transposed one 2.5-2.9x more at 1-2 rows
 (``bench/cpu_matmul.py``; ``bench/results/cpu-matmul.json``, ``cpu-matmul-one-row.json``,
-``cpu-matmul-host-b.json``), and a stand-in weight timed alone misleads (it may sit in a cache the real
-forward, streaming every weight, never hits). So neither form is hard-wired: the first ``TRIALS`` real
+``cpu-matmul-host-b.json``), and a stand-in weight timed alone misled: on the Intel host it chose the
+transposed form at 8-32 rows, which SmolLM2's own layers ran 1.1-2.2x slower at 8-15 rows
+(``throughput-cpu-timed-linear.json``). So neither form is hard-wired: the first ``TRIALS`` real
 products of each (dtype, weight shape, power-of-two row bucket, thread count) alternate the two forms and
 are timed; from then on that kind of product takes the form with the lower median (the transposed one only
 when it wins by 5%). The results agree to float rounding.

@@ -21,6 +21,8 @@ _spec.loader.exec_module(throughput)
 
 
 class _Every(dict):
+    """A verdict table that gives ``value`` for every kind of product."""
+
     def __init__(self, value):
         super().__init__()
         self.value = value
