@@ -83,7 +83,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--mtbench", type=int, default=20, help="MT-Bench first turns to use (of 80)")
     ap.add_argument("--sharegpt", type=int, default=10, help="held-out ShareGPT prompts")
-    ap.add_argument("--exclude-data", default="data/sharegpt-smollm2", help="training data whose prompts to skip")
+    ap.add_argument("--exclude-data", nargs="*", default=None,
+                    help="training data folders whose ShareGPT records to skip (default: every folder under data/)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     ap.add_argument("--block-size", type=int, help="widest verify step (default: the drafter's block)")

@@ -468,6 +468,25 @@ def test_sharegpt_recovers_complete_records(tmp_path):
     assert first_human_turn({"conversations": [{"from": "gpt", "value": "x"}]}) is None
 
 
+def test_heldout_prompts_skip_every_training_folder(tmp_path, monkeypatch):
+    import sglang_domino.prompts as prompts
+
+    recs = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"question {i}"}]} for i in range(6)]
+    (tmp_path / "s.json").write_text(json.dumps(recs))
+    monkeypatch.setattr(prompts, "sharegpt_path", lambda: tmp_path / "s.json")
+    gen, relabelled = tmp_path / "data" / "gen", tmp_path / "data" / "relabelled"
+    gen.mkdir(parents=True)
+    (gen / "prompts.jsonl").write_text(json.dumps({"id": "r5"}) + "\n")  # gen-data: the prompts it chose
+    (relabelled / "shards").mkdir(parents=True)  # relabel-data: ids only in its examples
+    torch.save([{"id": "r3", "prompt_len": 1, "input_ids": torch.tensor([1, 2])}],
+               relabelled / "shards" / "shard_00000.pt")
+    assert prompts.training_record_ids([gen, relabelled]) == {"r5", "r3"}
+    assert prompts.sharegpt_heldout(3, []) == ["question 5", "question 4", "question 3"]
+    assert prompts.sharegpt_heldout(3, [gen, relabelled]) == ["question 4", "question 2", "question 1"]
+    monkeypatch.chdir(tmp_path)  # default: every folder under ./data
+    assert prompts.sharegpt_heldout(3) == ["question 4", "question 2", "question 1"]
+
+
 def test_generate_batch_stores_prompt_and_response(target):
     from sglang_domino.train.data import GenConfig, generate_batch
 
