@@ -35,6 +35,7 @@ DEFAULT_MAX_ROWS = 64
 TRIALS = 8  # timed calls per form before a kind of product settles on one
 _SAMPLES: dict[tuple, tuple[list[float], list[float]]] = {}  # key -> (stock seconds, transposed seconds)
 _DECIDED: dict[tuple, bool] = {}  # key -> takes the transposed form
+_TRIAL_CALLS = 0  # products run as timed trials so far in this process
 
 
 def max_rows_from_env() -> int:
@@ -54,6 +55,12 @@ def max_rows_from_env() -> int:
 def row_bucket(rows: int) -> int:
     """The power of two at or below ``rows`` (>= 1): the row counts that share one measurement."""
     return 1 << (max(rows, 1).bit_length() - 1)
+
+
+def trial_calls() -> int:
+    """How many products have run as timed trials in this process: a decode step during which this grew
+    paid for trials (half of them in the slower form), so its time says little about its width."""
+    return _TRIAL_CALLS
 
 
 def few_row_key(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> tuple | None:
@@ -81,6 +88,8 @@ def faster_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     choice = _DECIDED.get(key)
     if choice is not None:
         return transposed_linear(x, weight, bias) if choice else stock()
+    global _TRIAL_CALLS
+    _TRIAL_CALLS += 1
     stock_s, transposed_s = _SAMPLES.setdefault(key, ([], []))
     use_transposed = len(transposed_s) <= len(stock_s)
     t = time.perf_counter()

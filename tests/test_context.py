@@ -68,3 +68,22 @@ def test_queued_states_are_copies(drafter):
     pool.flush()
     torch.testing.assert_close(pool.k, k, rtol=1e-5, atol=1e-6)
     assert pool.k[:, 15].abs().sum() == 0
+
+
+def test_backlog_seconds_charges_a_step_only_for_its_own_rows(drafter, monkeypatch):
+    import sglang_domino.serving.context as context
+
+    clock = iter(range(100))  # every perf_counter call advances 1 s: each flush takes 1 s
+    monkeypatch.setattr(context, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(clock))}))
+    pool = ContextPool(drafter, 16, torch.float32, "cpu")
+    plan = writes(drafter)
+    for hidden, positions, slots in plan[:4]:  # a prefill and plain steps queue 14 rows, then a draft flushes
+        pool.write(hidden, positions, slots)
+    pool.flush()
+    assert pool.backlog_seconds(own_rows=2) == pytest.approx(12 / 14)  # all but this step's 2 rows
+    assert pool.backlog_seconds(own_rows=2) == 0.0  # counted once
+    pool.write(*plan[4])  # drafting every step: each flush holds one step's rows, no backlog
+    pool.flush()
+    assert pool.backlog_seconds(own_rows=3) == 0.0
+    pool.flush()  # nothing queued: no time counted
+    assert pool.backlog_seconds(own_rows=0) == 0.0

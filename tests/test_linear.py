@@ -160,3 +160,15 @@ def test_few_row_linears_patches_for_the_duration_only(monkeypatch, transposed_e
         model(x)
     model(x)
     assert len(calls) == 2 and not any("forward" in vars(m) for m in model)
+
+
+def test_trial_calls_count_only_timed_trials(monkeypatch):
+    monkeypatch.setattr(lin, "_SAMPLES", {})
+    monkeypatch.setattr(lin, "_DECIDED", {})
+    x, w = torch.randn(2, 16), torch.randn(8, 16)
+    before = lin.trial_calls()
+    for _ in range(2 * lin.TRIALS + 3):
+        linear(x, w)
+    assert lin.trial_calls() - before == 2 * lin.TRIALS  # settled after the trials: no more counted
+    linear(torch.randn(100, 16), w)  # more rows than max_rows: the stock form, untimed
+    assert lin.trial_calls() - before == 2 * lin.TRIALS

@@ -26,7 +26,7 @@ import torch
 
 from ..drafter import DominoDrafter, draft_dtype, vocab_logits
 from ..kernels import dispatch
-from ..linear import few_row_linears
+from ..linear import few_row_linears, trial_calls
 from ..policy import DraftPolicy
 from ..sampling import BatchSampling, SamplingParams, exponential_like, sample_from, sampling_probs
 
@@ -178,7 +178,7 @@ def speculative_generate(
         while _stop_index(tokens, stop, max_new_tokens) is None:
             width = min(policy.width(1), block)
             n = min(width - 1, max_new_tokens - len(tokens) - 1)  # drafts this step
-            t0 = time.perf_counter()
+            t0, trials = time.perf_counter(), trial_calls()
             draft = bonus.new_empty(1, 0)
             if n > 0:
                 block_ids = torch.cat([bonus[:, None], mask_ids], 1)
@@ -210,7 +210,9 @@ def speculative_generate(
             tokens += draft[0, :a].tolist() + [int(bonus)]
             stats.accept_lens.append(a)
             t3 = time.perf_counter()
-            if n == width - 1:  # a step cut short by max_new_tokens says nothing about its width
+            # a step cut short by max_new_tokens, or one that paid for few-row linear trials, says little
+            # about its width
+            if n == width - 1 and trial_calls() == trials:
                 policy.record(1, width, a + 1, t3 - t0)
             if n > 0:
                 stats.time_backbone += t1 - t0

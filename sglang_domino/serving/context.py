@@ -4,7 +4,9 @@ Every target forward (prefill, plain decode step, verify) captures the hidden st
 context layers for the slots it wrote. Turning them into the drafter's K/V (``fc``, norm and the K/V
 projections of every draft layer) is a few small matmuls per step, pure overhead while the draft policy
 runs plain steps. So captured states are queued and turned into K/V in one pass (many rows, cheaper per
-row) when the next draft reads the pool, or when the queue holds ``max_pending`` rows.
+row) when the next draft reads the pool, or when the queue holds ``max_pending`` rows. A draft after a run of
+plain steps (or after a prefill) thus flushes their rows too; ``backlog_seconds`` tells the draft policy how
+much of a step's time that backlog took, so the policy rates a width by what it costs in steady state.
 
 The pool is indexed by the target's KV slot ids, so SGLang's allocator, radix cache and request lifecycle
 manage it implicitly. A slot is reused once its request is done; the flush applies queued writes in their
@@ -12,6 +14,8 @@ order, so the latest write of a slot wins, as it would have written eagerly. No 
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -27,6 +31,7 @@ class ContextPool:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._queue: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._pending = 0
+        self._flushed_rows, self._flush_seconds = 0, 0.0  # since the last ``backlog_seconds``
 
     @property
     def nbytes(self) -> int:
@@ -48,6 +53,7 @@ class ContextPool:
         """Project every queued state to K/V (one pass) and store it, in queue order."""
         if not self._queue:
             return
+        t = time.perf_counter()
         queue, self._queue, self._pending = self._queue, [], 0
         hidden = torch.cat([h for h, _, _ in queue])[None]
         positions = torch.cat([p for _, p, _ in queue])[None]
@@ -59,6 +65,16 @@ class ContextPool:
                 self.k[layer, slots] = k[0, :, start:end].transpose(0, 1)  # [kvh, n, d] -> [n, kvh, d]
                 self.v[layer, slots] = v[0, :, start:end].transpose(0, 1)
             start = end
+        self._flushed_rows += start
+        self._flush_seconds += time.perf_counter() - t
+
+    def backlog_seconds(self, own_rows: int) -> float:
+        """Of the flush time since the last call, the share of the rows beyond ``own_rows`` (the rows one
+        step adds while drafting every step); then start counting afresh. Host time: on a GPU the flush only
+        launches kernels, so this is ~0 there."""
+        rows, seconds = self._flushed_rows, self._flush_seconds
+        self._flushed_rows, self._flush_seconds = 0, 0.0
+        return seconds * max(0, rows - own_rows) / rows if rows else 0.0
 
     def gather(self, slot_rows: torch.Tensor, lengths: torch.Tensor):
         """Context K/V of a batch, after a flush.

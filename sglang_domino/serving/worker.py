@@ -35,6 +35,7 @@ import torch
 
 from ..drafter import draft_dtype, load_drafter, vocab_logits
 from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton on CUDA, torch reference on CPU
+from ..linear import trial_calls
 from ..policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
 from .context import ContextPool
 from .sampling import draft_batch_sampling, sglang_probs
@@ -121,6 +122,7 @@ class DominoWorker(BaseSpecWorker):
                                            CPU_MAX_DRAFT_BATCH if self.device.type == "cpu" else 0)
         self.context = None
         self.steps = 0
+        self._trials_seen = 0  # linear.trial_calls() after the last step
         logger.info(
             "DOMINO worker: drafter %s (%d layers, block %d, %d drafts/step, context layers %s), "
             "draft dtype %s, draft policy %s", path, self.cfg.num_hidden_layers, self.block_size,
@@ -217,7 +219,12 @@ class DominoWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(new_seq_lens)
         bs = commit.shape[0]
-        self.policy.record(bs, width, bs if width == 1 else int(commit.sum()), time.perf_counter() - t_start)
+        # a step's time, less the one-off costs its width did not cause: the flush of rows queued by earlier
+        # plain steps or prefills, and few-row linear trials (such a step is not recorded)
+        seconds = time.perf_counter() - t_start - self.context.backlog_seconds(bs * width)
+        trials, self._trials_seen = self._trials_seen, trial_calls()
+        if trials == self._trials_seen:
+            self.policy.record(bs, width, bs if width == 1 else int(commit.sum()), seconds)
         self.steps += 1
         if self.policy.pop_news() or self.steps % 2000 == 0:
             logger.info("DOMINO draft policy: %s", self.policy.describe())
