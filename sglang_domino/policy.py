@@ -1,21 +1,24 @@
 """How much to draft: speculation only where, and as far as, it is measured to pay.
 
-A decode step verifies ``[bonus, y_1 .. y_{w-1}]``: its *width* ``w`` is 1 for a plain step (no drafting;
-the drafter's context still grows) and up to the drafter's block size. Wider steps can commit more tokens
-but cost more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a large batch
-the verify is compute-bound), so the best width depends on the drafter's acceptance, the batch size and the
-machine. The ``adaptive`` policy measures it: for each batch-size bucket (every size below 16, then 16-17,
-18-19, ..., 30-31, 32-35, ...: at most 1/8 wide, because tokens/s grows with the batch size and widths
-measured at different sizes must not be compared) it keeps an exponential moving average of the committed
-tokens per second of each candidate width (measured narrowest first, stopping at the first width slower than
-a narrower one), runs the fastest (a wider width must beat every narrower one by ``margin``, 3%: where
+A decode step verifies ``[bonus, y_1 .. y_{w-1}]``: its *width* ``w`` is 1 for a plain step (no drafting; the
+drafter's context still grows) and up to the drafter's block size. Wider steps can commit more tokens but cost
+more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a large batch the verify
+is compute-bound), so the best width depends on the drafter's acceptance, the batch size and the machine. The
+``adaptive`` policy measures it: for each batch-size bucket (every size below 16, then 16-17, 18-19, ...,
+30-31, 32-35, ...: at most 1/8 wide, because tokens/s grows with the batch size and widths measured at
+different sizes must not be compared) it rates each candidate width by its committed tokens per step over its
+seconds per step, two moving averages: the seconds follow the machine quickly (``alpha``), the tokens slowly
+(``tokens_alpha``), because one step's yield is all or nothing (a width-2 step commits 1 or 2 tokens a row)
+and runs of rejections come in stretches of hard text, which a fast average mistook for a width that no longer
+pays. Widths are measured narrowest first (``warmup`` steps each), stopping at the first width slower than a
+narrower one; the policy runs the fastest (a wider width must beat every narrower one by ``margin``, 3%: where
 widths rate alike, within the noise of a step's timing, the narrower and cheaper one runs, plain steps at
-worst), and now and then runs a neighbour of the fastest (the next narrower or
-wider candidate, in turn) so that the estimates follow the traffic: after ``explore_every`` steps, then at
-intervals that double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket
-spends almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
-speed, never output. The SGLang worker keeps one policy per server; the Transformers backend one per
-``speculative_generate`` call unless the caller passes one in to carry what it measured to the next call.
+worst), and now and then runs a neighbour of the fastest (the next narrower or wider candidate, in turn) so
+that the estimates follow the traffic: after ``explore_every`` steps, then at intervals that double while the
+fastest stays the same (up to ``max_explore_every``), so a settled bucket spends almost nothing on
+exploration. Every width commits exactly the target's tokens, so the policy changes speed, never output. The
+SGLang worker keeps one policy per server; the Transformers backend one per ``speculative_generate`` call
+unless the caller passes one in to carry what it measured to the next call.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
@@ -97,7 +100,9 @@ def policy_env(policy: str | None = None, max_batch: int | None = None,
 
 @dataclass
 class _Bucket:
-    rate: dict = field(default_factory=dict)  # width -> committed tokens/s (EMA)
+    rate: dict = field(default_factory=dict)  # width -> committed tokens/s (tokens / seconds)
+    tokens: dict = field(default_factory=dict)  # width -> committed tokens per step (slow moving average)
+    seconds: dict = field(default_factory=dict)  # width -> seconds per step (moving average)
     count: dict = field(default_factory=dict)  # width -> steps measured
     steps: int = 0
     explored: int = 0
@@ -111,13 +116,13 @@ class DraftPolicy:
     """``width(batch_size)`` before a decode step, ``record(...)`` after it."""
 
     def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
-                 warmup: int = 3, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2,
-                 margin: float = 0.03):
+                 warmup: int = 8, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2,
+                 tokens_alpha: float = 0.05, margin: float = 0.03):
         self.mode, self.max_batch = _check_mode(mode, f"draft policy {mode!r}"), max_batch
         self.margin = margin
         self.widths = tuple(sorted(set(widths)))
         self.full = self.widths[-1]
-        self.warmup, self.alpha = warmup, alpha
+        self.warmup, self.alpha, self.tokens_alpha = warmup, alpha, tokens_alpha
         self.explore_every, self.max_explore_every = explore_every, max(explore_every, max_explore_every)
         self.buckets: dict[int, _Bucket] = {}
         self._news = False
@@ -182,11 +187,12 @@ class DraftPolicy:
         if self.mode == "always" or seconds <= 0:
             return
         b = self.buckets.setdefault(self.bucket(batch_size), _Bucket())
-        rate = tokens / seconds
         n = b.count.get(width, 0)
         # the first measurements are averaged plainly, later ones exponentially
-        a = max(self.alpha, 1.0 / (n + 1))
-        b.rate[width] = rate if n == 0 else (1 - a) * b.rate[width] + a * rate
+        for ema, value, alpha in ((b.seconds, seconds, self.alpha), (b.tokens, tokens, self.tokens_alpha)):
+            a = max(alpha, 1.0 / (n + 1))
+            ema[width] = value if n == 0 else (1 - a) * ema[width] + a * value
+        b.rate[width] = b.tokens[width] / b.seconds[width]
         b.count[width] = n + 1
 
     def pop_news(self) -> bool:
