@@ -100,7 +100,6 @@ def policy_env(policy: str | None = None, max_batch: int | None = None,
 
 @dataclass
 class _Bucket:
-    rate: dict = field(default_factory=dict)  # width -> committed tokens/s (tokens / seconds)
     tokens: dict = field(default_factory=dict)  # width -> committed tokens per step (slow moving average)
     seconds: dict = field(default_factory=dict)  # width -> seconds per step (moving average)
     count: dict = field(default_factory=dict)  # width -> steps measured
@@ -110,6 +109,11 @@ class _Bucket:
     next_explore: int = 0
     last_best: int = 0
     shown: int = 0  # the fastest width when this bucket was last reported (0: never)
+
+    @property
+    def rate(self) -> dict:
+        """width -> committed tokens/s (tokens per step / seconds per step)."""
+        return {w: self.tokens[w] / self.seconds[w] for w in self.tokens}
 
 
 class DraftPolicy:
@@ -177,10 +181,11 @@ class DraftPolicy:
 
     def _fastest(self, b: _Bucket) -> int | None:
         """The narrowest width within ``margin`` of the highest rate (None before any measurement)."""
-        if not b.rate:
+        rate = b.rate
+        if not rate:
             return None
-        top = max(b.rate.values())
-        return min(w for w, r in b.rate.items() if r >= top * (1 - self.margin))
+        top = max(rate.values())
+        return min(w for w, r in rate.items() if r >= top * (1 - self.margin))
 
     def record(self, batch_size: int, width: int, tokens: int, seconds: float) -> None:
         """One finished decode step of ``width``: ``tokens`` committed over the batch in ``seconds``."""
@@ -192,7 +197,6 @@ class DraftPolicy:
         for ema, value, alpha in ((b.seconds, seconds, self.alpha), (b.tokens, tokens, self.tokens_alpha)):
             a = max(alpha, 1.0 / (n + 1))
             ema[width] = value if n == 0 else (1 - a) * ema[width] + a * value
-        b.rate[width] = b.tokens[width] / b.seconds[width]
         b.count[width] = n + 1
 
     def pop_news(self) -> bool:
@@ -208,7 +212,8 @@ class DraftPolicy:
         for k in sorted(self.buckets):
             b = self.buckets[k]
             lo, hi = self.bucket_range(k)
-            rates = ", ".join(f"w{w} {b.rate[w]:.1f}" for w in self.widths if w in b.rate)
+            rate = b.rate
+            rates = ", ".join(f"w{w} {rate[w]:.1f}" for w in self.widths if w in rate)
             runs = f" -> w{b.shown}" if b.shown else ""
             parts.append(f"bs {lo}{f'-{hi}' if hi > lo else ''}: {rates} tok/s{runs}")
         return f"adaptive over widths {list(self.widths)}{cap}; " + ("; ".join(parts) or "no steps yet")
