@@ -5,7 +5,9 @@ baseline and a DOMINO server. Its drafter is made here with ``init_drafter`` + `
 random drafter with its backbone layers zeroed ("echo" drafter: it proposes the anchor token again,
 then the mask token, chosen as " ha"), so that ordinary prompts see almost no accepted drafts while a
 " ha ha ha" prompt gets whole blocks accepted. Greedy output must match the baseline token for token
-either way, and stop strings / EOS / max_tokens must end exactly as in plain decoding.
+either way, and stop strings / EOS / max_tokens must end exactly as in plain decoding. The baseline runs
+without overlap scheduling, as the DOMINO worker does: with it, SGLang's own plain decoding gave different
+repetition-penalized output.
 
 Environment: SGLANG_DOMINO_TEST_MODEL (default models/SmolLM2-135M-Instruct),
 SGLANG_DOMINO_TEST_DEVICE (cpu unless CUDA is available), SGLANG_DOMINO_TEST_LOG_DIR (server logs).
@@ -78,7 +80,8 @@ def domino_and_baseline_servers(tmp_path_factory, echo_drafter_dir):
     domino = Server(MODEL, free_port(), preset_args("domino", device=DEVICE, draft=str(echo_drafter_dir)),
                     env=policy_env("always", MAX_DRAFT_BATCH),
                     log_path=str(logs / "domino.log"))
-    baseline = Server(MODEL, free_port(), preset_args("baseline", device=DEVICE), log_path=str(logs / "baseline.log"))
+    baseline = Server(MODEL, free_port(), preset_args("baseline", device=DEVICE) + ["--disable-overlap-schedule"],
+                      log_path=str(logs / "baseline.log"))
     try:
         start_all([domino, baseline], TIMEOUT)
         yield domino, baseline
@@ -241,6 +244,57 @@ def test_eos_and_openai_stop_match_plain_decoding(domino_server, baseline_server
                     for s in (domino_server, baseline_server) for st in (False, True)]
             d, ds, b, bs = [f.result() for f in futs]
         assert d == b == ds == bs, (kind, prompt, d, b, ds, bs)
+
+
+PER_TOKEN_RULES = {
+    "frequency": dict(frequency_penalty=1.0),
+    "presence": dict(presence_penalty=1.5),
+    "repetition": dict(repetition_penalty=1.3),
+    "min_new_tokens": dict(min_new_tokens=30),
+    "regex": dict(regex="(ha ){3}[a-z]+"),
+    "json_schema": dict(json_schema=json.dumps(
+        {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})),
+}
+
+
+def test_logit_rules_that_change_per_token_match_plain_decoding(domino_server, baseline_server):
+    """Penalties, min_new_tokens and grammars depend on the tokens before, so a batch with them decodes plain
+    steps (a verify chain would see the state of its first position only: ignored penalties and HTTP 500
+    'Grammar accept_token failed' before). All run at once, beside requests without them that share their
+    batches; every output must equal the baseline's, and each rule must change its output."""
+    ha = "ha ha ha ha ha ha ha ha ha ha"  # the echo drafter's whole blocks are accepted here
+    short = ("<|im_start|>user\nWhat is the capital of France? Answer with one word.<|im_end|>\n"
+             "<|im_start|>assistant\n")  # ends early, at EOS, unless min_new_tokens holds it
+    jobs = {(rule, p): dict(max_new_tokens=32, temperature=0, **params)
+            for rule, params in PER_TOKEN_RULES.items() for p in (ha, short)}
+    jobs.update({("none", p): dict(max_new_tokens=32, temperature=0) for p in (ha, short)})
+    servers = (("domino", domino_server), ("baseline", baseline_server))
+    with cf.ThreadPoolExecutor(2 * len(jobs)) as ex:
+        futs = {(name, job): ex.submit(generate, server, job[1], **params)
+                for name, server in servers for job, params in jobs.items()}
+        out = {k: f.result() for k, f in futs.items()}
+    for job in jobs:
+        d, b = out[("domino", job)], out[("baseline", job)]
+        assert d["output_ids"] == b["output_ids"], (job, d["text"], b["text"])
+        assert d["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"], job
+    for rule in PER_TOKEN_RULES:
+        p = short if rule == "min_new_tokens" else ha
+        assert out[("domino", (rule, p))]["output_ids"] != out[("domino", ("none", p))]["output_ids"], \
+            f"{rule} changed nothing: this test would show nothing"
+
+
+def test_per_token_rules_with_logprobs_and_sampling(domino_server, baseline_server):
+    """A logprob batch's plain step is a 1-wide verify: it must apply the penalties as SGLang's sampler does.
+    Sampled requests with penalties complete (their sampling is SGLang's own, at plain steps)."""
+    body = {"text": "ha ha ha ha ha ha ha ha ha ha", "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "frequency_penalty": 1.0}}
+    d, b = (requests.post(s.url + "/generate", json=body, timeout=TIMEOUT).json()
+            for s in (domino_server, baseline_server))
+    assert d["output_ids"] == b["output_ids"]
+    assert len(d["meta_info"]["output_token_logprobs"]) == 24
+    sampled = generate(domino_server, "Write a poem.", max_new_tokens=20, temperature=0.8, presence_penalty=0.5,
+                       repetition_penalty=1.1, ignore_eos=True)
+    assert sampled["meta_info"]["completion_tokens"] == 20
 
 
 def test_concurrent_mixed_sampling_completes_and_frees_kv(domino_server):

@@ -14,6 +14,13 @@ Hugging Face logits warpers that ``sglang_domino.sampling.sampling_probs`` follo
 To stay lossless, speculative verification must accept against exactly that distribution, so the
 target side uses ``sglang_probs`` below. The draft side may use any distribution it actually sampled
 from (``sglang_domino.rollout`` uses HF semantics via ``draft_batch_sampling``).
+
+Some logit rules change with every token: frequency, presence and repetition penalties, min_new_tokens (a
+penalty too), grammars (regex, JSON schema, EBNF) and custom logit processors. Over a verify chain each
+position would need the state after the drafts before it; SGLang's own speculative algorithms apply the
+first position's state to the whole chain ("relaxed"), and SGLang hands a worker only the summed penalty
+of that state. So a batch that has any of them decodes plain steps (``plain_only_reason``), where SGLang's
+sampler applies them exactly.
 """
 
 from __future__ import annotations
@@ -41,6 +48,36 @@ def sglang_probs(logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch
     kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     kept = kept / kept.sum(-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, order, kept)
+
+
+def plain_only_reason(batch) -> str | None:
+    """Why a decode batch (SGLang's ScheduleBatch) must take plain one-token steps, or None: it has requests
+    whose logit rules depend on the tokens before (see the module docstring)."""
+    info = batch.sampling_info
+    if any(getattr(req, "grammar", None) is not None for req in batch.reqs):
+        return "a grammar (regex, JSON schema or EBNF)"
+    if info is None:
+        return None
+    if info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None:
+        return "frequency/presence/repetition penalties or min_new_tokens"
+    if info.has_custom_logit_processor:
+        return "a custom logit processor"
+    return None
+
+
+def apply_plain_step_rules(logits: torch.Tensor, batch) -> None:
+    """What SGLang's sampler does to one decode position's logits ([b, V], in place) before sampling:
+    penalties, grammar mask, logit bias, custom logit processors."""
+    from sglang.srt.layers.sampler import apply_custom_logit_processor
+
+    info = batch.sampling_info
+    grammars = [getattr(req, "grammar", None) for req in batch.reqs]
+    info.grammars = grammars if any(g is not None for g in grammars) else None
+    info.update_regex_vocab_mask()
+    info.apply_logits_bias(logits)
+    info.grammar_mask = None
+    if info.has_custom_logit_processor:
+        apply_custom_logit_processor(logits, info)
 
 
 def draft_batch_sampling(sampling_info) -> BatchSampling:

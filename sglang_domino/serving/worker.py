@@ -14,9 +14,10 @@ cached) and an uncommitted last token ``bonus`` (the target's previous output):
    next step or freed with the request. The target hidden states captured by the verify pass are
    turned into the drafter's context K/V for the same slots.
 
-Where the draft policy chooses width 1 (drafting does not pay at this batch size) the step is SGLang's
-ordinary DECODE forward of the bonus token instead, sampled by SGLang, with its hidden states captured
-for the drafter's context.
+Where the draft policy chooses width 1 (drafting does not pay at this batch size), or a request in the
+batch has logit rules that change with every token (penalties, min_new_tokens, a grammar, a custom logit
+processor: ``serving.sampling.plain_only_reason``), the step is SGLang's ordinary DECODE forward of the
+bonus token instead, sampled by SGLang, with its hidden states captured for the drafter's context.
 
 The drafter's context K/V live in a pool indexed by the target's KV slot ids, so SGLang's
 allocator, radix cache and request lifecycle manage them implicitly (a slot's entry is rewritten
@@ -38,7 +39,7 @@ from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton 
 from ..linear import trial_calls
 from ..policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
 from .context import ContextPool
-from .sampling import draft_batch_sampling, sglang_probs
+from .sampling import apply_plain_step_rules, draft_batch_sampling, plain_only_reason, sglang_probs
 
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -123,6 +124,7 @@ class DominoWorker(BaseSpecWorker):
         self.context = None
         self.steps = 0
         self._trials_seen = 0  # linear.trial_calls() after the last step
+        self._plain_reasons: set[str] = set()  # reasons for plain steps already logged
         logger.info(
             "DOMINO worker: drafter %s (%d layers, block %d, %d drafts/step, context layers %s), "
             "draft dtype %s, draft policy %s", path, self.cfg.num_hidden_layers, self.block_size,
@@ -249,7 +251,12 @@ class DominoWorker(BaseSpecWorker):
         sampling_info = batch.sampling_info
         all_greedy = sampling_info is None or sampling_info.is_all_greedy
         t_start = time.perf_counter()
-        width = self.policy.width(bs)
+        plain_reason = plain_only_reason(batch)
+        if plain_reason is not None and plain_reason not in self._plain_reasons:
+            self._plain_reasons.add(plain_reason)
+            logger.info("DOMINO: batches with %s decode without drafting (plain steps apply them exactly)",
+                        plain_reason)
+        width = 1 if plain_reason is not None else self.policy.width(bs)
         n = width - 1
         if width == 1 and not batch.return_logprob:
             return self._plain_step(batch, seq_lens, seq_lens_cpu, bonus, on_publish, t_start)
@@ -275,7 +282,9 @@ class DominoWorker(BaseSpecWorker):
         out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch, is_verify=True)
         logits_output = out.logits_output
         logits = logits_output.next_token_logits
-        if sampling_info is not None:
+        if sampling_info is not None and width == 1:  # a logprob batch's plain step: exactly SGLang's sampler
+            apply_plain_step_rules(logits, batch)
+        elif sampling_info is not None:  # no per-token rules here (plain_only_reason): only the logit bias
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=width)
         logits3 = logits.view(bs, width, -1)[..., : self.vocab_size]
