@@ -254,6 +254,7 @@ PER_TOKEN_RULES = {
     "regex": dict(regex="(ha ){3}[a-z]+"),
     "json_schema": dict(json_schema=json.dumps(
         {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})),
+    "ebnf": dict(ebnf='root ::= "ha" (" ha")* " done"'),
 }
 
 
@@ -295,6 +296,31 @@ def test_per_token_rules_with_logprobs_and_sampling(domino_server, baseline_serv
     sampled = generate(domino_server, "Write a poem.", max_new_tokens=20, temperature=0.8, presence_penalty=0.5,
                        repetition_penalty=1.1, ignore_eos=True)
     assert sampled["meta_info"]["completion_tokens"] == 20
+
+
+def test_top_logprobs_parallel_samples_and_stop_regex_match_plain_decoding(domino_server, baseline_server):
+    ha = "ha ha ha ha ha ha ha ha ha ha"
+    calls = [
+        ("/generate", {"text": ha, "return_logprob": True, "top_logprobs_num": 3,
+                       "sampling_params": {"max_new_tokens": 12, "temperature": 0}}),
+        ("/generate", {"text": ha, "sampling_params": {"max_new_tokens": 40, "temperature": 0, "stop_regex": "haa"}}),
+        ("/v1/completions", {"model": "m", "prompt": ha, "max_tokens": 12, "temperature": 0, "n": 2}),
+    ]
+
+    def run(server, path, body):
+        r = requests.post(server.url + path, json=body, timeout=TIMEOUT)
+        r.raise_for_status()
+        d = r.json()
+        if path == "/v1/completions":
+            return [c["text"] for c in d["choices"]]
+        meta = d["meta_info"]
+        return (d["output_ids"], meta["finish_reason"],
+                [[t[1] for t in row] for row in meta.get("output_top_logprobs") or []])
+
+    for path, body in calls:
+        d, b = run(domino_server, path, body), run(baseline_server, path, body)
+        assert d == b, (path, body, d, b)
+    assert len(run(domino_server, *calls[0])[2]) == 12  # a top-3 list per output token
 
 
 def test_concurrent_mixed_sampling_completes_and_frees_kv(domino_server):
