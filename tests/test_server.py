@@ -101,10 +101,15 @@ def baseline_server(domino_and_baseline_servers):
 
 
 # -- request helpers ------------------------------------------------------------------------------------
-def generate(server, text, **params):
-    r = requests.post(server.url + "/generate", json={"text": text, "sampling_params": params}, timeout=TIMEOUT)
+def post_ok(server, path, body):
+    """POST a JSON body; the JSON answer (an HTTP error raises)."""
+    r = requests.post(server.url + path, json=body, timeout=TIMEOUT)
     r.raise_for_status()
     return r.json()
+
+
+def generate(server, text, **params):
+    return post_ok(server, "/generate", {"text": text, "sampling_params": params})
 
 
 def completion(server, prompt, stream=False, **params):
@@ -289,8 +294,7 @@ def test_per_token_rules_with_logprobs_and_sampling(domino_server, baseline_serv
     Sampled requests with penalties complete (their sampling is SGLang's own, at plain steps)."""
     body = {"text": "ha ha ha ha ha ha ha ha ha ha", "return_logprob": True,
             "sampling_params": {"max_new_tokens": 24, "temperature": 0, "frequency_penalty": 1.0}}
-    d, b = (requests.post(s.url + "/generate", json=body, timeout=TIMEOUT).json()
-            for s in (domino_server, baseline_server))
+    d, b = (post_ok(s, "/generate", body) for s in (domino_server, baseline_server))
     assert d["output_ids"] == b["output_ids"]
     assert len(d["meta_info"]["output_token_logprobs"]) == 24
     sampled = generate(domino_server, "Write a poem.", max_new_tokens=20, temperature=0.8, presence_penalty=0.5,
@@ -308,9 +312,7 @@ def test_top_logprobs_parallel_samples_and_stop_regex_match_plain_decoding(domin
     ]
 
     def run(server, path, body):
-        r = requests.post(server.url + path, json=body, timeout=TIMEOUT)
-        r.raise_for_status()
-        d = r.json()
+        d = post_ok(server, path, body)
         if path == "/v1/completions":
             return [c["text"] for c in d["choices"]]
         meta = d["meta_info"]
