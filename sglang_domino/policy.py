@@ -10,8 +10,10 @@ different sizes must not be compared) it rates each candidate width by its commi
 seconds per step, two moving averages: the seconds follow the machine quickly (``alpha``), the tokens slowly
 (``tokens_alpha``), because one step's yield is all or nothing (a width-2 step commits 1 or 2 tokens a row)
 and runs of rejections come in stretches of hard text, which a fast average mistook for a width that no longer
-pays. Widths are measured narrowest first (``warmup`` steps each), stopping at the first width slower than a
-narrower one; the policy runs the fastest (a wider width must beat every narrower one by ``margin``, 3%: where
+pays. Widths are measured narrowest first (``warmup`` steps each, their seconds rated by the median, so that
+the one-off costs of a process's first step at a new shape do not count), stopping at the first width slower
+than a narrower one; a width rated ``give_up`` (25%) below the fastest after ``give_up_after`` steps ends its
+warm-up there, since a losing width's steps are what the warm-up costs. The policy runs the fastest (a wider width must beat every narrower one by ``margin``, 3%: where
 widths rate alike, within the noise of a step's timing, the narrower and cheaper one runs, plain steps at
 worst), and now and then runs a neighbour of the fastest (the next narrower or wider candidate, in turn) so
 that the estimates follow the traffic: after ``explore_every`` steps, then at intervals that double while the
@@ -30,6 +32,7 @@ unless the caller passes one in to carry what it measured to the next call.
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import dataclass, field
 
 POLICY_ENV = "SGLANG_DOMINO_DRAFT_POLICY"
@@ -103,6 +106,7 @@ class _Bucket:
     tokens: dict = field(default_factory=dict)  # width -> committed tokens per step (slow moving average)
     seconds: dict = field(default_factory=dict)  # width -> seconds per step (moving average)
     count: dict = field(default_factory=dict)  # width -> steps measured
+    warm: dict = field(default_factory=dict)  # width -> seconds of its warm-up steps (rated by their median)
     steps: int = 0
     explored: int = 0
     interval: int = 0  # steps between explorations (doubles while the fastest width stays the same)
@@ -121,9 +125,9 @@ class DraftPolicy:
 
     def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
                  warmup: int = 8, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2,
-                 tokens_alpha: float = 0.05, margin: float = 0.03):
+                 tokens_alpha: float = 0.05, margin: float = 0.03, give_up: float = 0.25, give_up_after: int = 3):
         self.mode, self.max_batch = _check_mode(mode, f"draft policy {mode!r}"), max_batch
-        self.margin = margin
+        self.margin, self.give_up, self.give_up_after = margin, give_up, give_up_after
         self.widths = tuple(sorted(set(widths)))
         self.full = self.widths[-1]
         self.warmup, self.alpha, self.tokens_alpha = warmup, alpha, tokens_alpha
@@ -193,11 +197,19 @@ class DraftPolicy:
             return
         b = self.buckets.setdefault(self.bucket(batch_size), _Bucket())
         n = b.count.get(width, 0)
-        # the first measurements are averaged plainly, later ones exponentially
-        for ema, value, alpha in ((b.seconds, seconds, self.alpha), (b.tokens, tokens, self.tokens_alpha)):
-            a = max(alpha, 1.0 / (n + 1))
-            ema[width] = value if n == 0 else (1 - a) * ema[width] + a * value
+        # yields: averaged plainly at first, later exponentially; seconds: the warm-up's median, then the same
+        a = max(self.tokens_alpha, 1.0 / (n + 1))
+        b.tokens[width] = tokens if n == 0 else (1 - a) * b.tokens[width] + a * tokens
+        if n < self.warmup:
+            b.warm.setdefault(width, []).append(seconds)
+            b.seconds[width] = statistics.median(b.warm[width])
+        else:
+            b.seconds[width] = (1 - self.alpha) * b.seconds[width] + self.alpha * seconds
         b.count[width] = n + 1
+        others = [r for w, r in b.rate.items() if w != width and b.count[w] >= self.warmup]
+        if self.give_up_after <= n + 1 < self.warmup and others \
+                and b.rate[width] < (1 - self.give_up) * max(others):
+            b.count[width] = self.warmup  # clearly slower: its warm-up ends here
 
     def pop_news(self) -> bool:
         """True once after a bucket finished its warm-up or its fastest width changed (time to log)."""

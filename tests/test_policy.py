@@ -140,6 +140,30 @@ def test_news_when_a_bucket_settles_or_its_fastest_changes():
     assert policy.pop_news() and "-> w1" in policy.describe()
 
 
+def test_a_first_step_outlier_does_not_misrank_a_width():
+    """A process's first step at a new shape pays one-off costs (here 1 s, 13x a step): the warm-up rates a
+    width by the median of its steps, so width 2 still wins at once (a mean ranked it below plain steps
+    until its next exploration, 40 steps later)."""
+    policy, seen, runs = DraftPolicy("adaptive", widths=(1, 2)), set(), []
+    for _ in range(60):
+        w = policy.width(1)
+        tokens = 1 + (w == 2)
+        policy.record(1, w, tokens, 1.0 if w not in seen else tokens / {1: 20.0, 2: 26.0}[w])
+        seen.add(w)
+        runs.append(w)
+    assert runs[16:].count(2) > 0.9 * len(runs[16:])
+    assert policy.buckets[1].rate[2] == pytest.approx(26.0)
+
+
+def test_a_clearly_losing_width_ends_its_warm_up_early():
+    policy = DraftPolicy("adaptive", widths=(1, 2, 4), give_up=0.25, give_up_after=3)
+    frac = simulate(policy, {1: {1: 20.0, 2: 26.0, 4: 12.0}, 2: {1: 40.0, 2: 38.0, 4: 20.0}}, 100)
+    # warm-up steps + explorations (steps 40 and 80, each taking one of the fastest's neighbours in turn)
+    assert 0.03 <= frac[1][4] <= 0.05  # 3 warm-up steps: 40% below width 2
+    assert 0.08 <= frac[2][2] <= 0.10  # within 25% of plain steps: the full 8
+    assert max(frac[1], key=frac[1].get) == 2 and max(frac[2], key=frac[2].get) == 1
+
+
 def test_widths_are_compared_at_about_the_same_batch_size():
     """tokens/s grows with the batch size: width 1 measured at batch 8 must not lose to width 2 measured at
     batch 15 when width 1 is the faster at both (with octave-wide buckets, 8-15, it did)."""
