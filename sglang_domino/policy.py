@@ -10,17 +10,17 @@ different sizes must not be compared) it rates each candidate width by its commi
 seconds per step, two moving averages: the seconds follow the machine quickly (``alpha``), the tokens slowly
 (``tokens_alpha``), because one step's yield is all or nothing (a width-2 step commits 1 or 2 tokens a row)
 and runs of rejections come in stretches of hard text, which a fast average mistook for a width that no longer
-pays. Widths are measured narrowest first (``warmup`` steps each, their seconds rated by the median, so that
-the one-off costs of a process's first step at a new shape do not count), stopping at the first width slower
-than a narrower one; a width rated ``give_up`` (25%) below the fastest after ``give_up_after`` steps ends its
-warm-up there, since a losing width's steps are what the warm-up costs. The policy runs the fastest (a wider width must beat every narrower one by ``margin``, 3%: where
-widths rate alike, within the noise of a step's timing, the narrower and cheaper one runs, plain steps at
-worst), and now and then runs a neighbour of the fastest (the next narrower or wider candidate, in turn) so
-that the estimates follow the traffic: after ``explore_every`` steps, then at intervals that double while the
-fastest stays the same (up to ``max_explore_every``), so a settled bucket spends almost nothing on
-exploration. Every width commits exactly the target's tokens, so the policy changes speed, never output. The
-SGLang worker keeps one policy per server; the Transformers backend one per ``speculative_generate`` call
-unless the caller passes one in to carry what it measured to the next call.
+pays. Widths are measured narrowest first (``warmup`` steps each, their seconds rated by the median, so that the
+one-off costs of a process's first step at a new shape do not count), stopping at the first width slower than a
+narrower one; a width rated ``give_up`` (25%) below the fastest after ``give_up_after`` steps ends its warm-up
+there, since a losing width's steps are what the warm-up costs. The policy runs the fastest (a wider width must
+beat every narrower one by ``margin``, 3%: where widths rate alike, within the noise of a step's timing, the
+narrower and cheaper one runs, plain steps at worst), and now and then runs a neighbour of the fastest (the next
+narrower or wider candidate, in turn) so that the estimates follow the traffic: after ``explore_every`` steps,
+then at intervals that double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket
+spends almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
+speed, never output. The SGLang worker keeps one policy per server; the Transformers backend one per
+``speculative_generate`` call unless the caller passes one in to carry what it measured to the next call.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
@@ -104,7 +104,7 @@ def policy_env(policy: str | None = None, max_batch: int | None = None,
 @dataclass
 class _Bucket:
     tokens: dict = field(default_factory=dict)  # width -> committed tokens per step (slow moving average)
-    seconds: dict = field(default_factory=dict)  # width -> seconds per step (moving average)
+    seconds: dict = field(default_factory=dict)  # width -> seconds per step (warm-up median, then moving average)
     count: dict = field(default_factory=dict)  # width -> steps measured
     warm: dict = field(default_factory=dict)  # width -> seconds of its warm-up steps (rated by their median)
     steps: int = 0
