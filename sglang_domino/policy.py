@@ -206,10 +206,11 @@ class DraftPolicy:
         else:
             b.seconds[width] = (1 - self.alpha) * b.seconds[width] + self.alpha * seconds
         b.count[width] = n + 1
-        others = [r for w, r in b.rate.items() if w != width and b.count[w] >= self.warmup]
-        if self.give_up_after <= n + 1 < self.warmup and others \
-                and b.rate[width] < (1 - self.give_up) * max(others):
-            b.count[width] = self.warmup  # clearly slower: its warm-up ends here
+        if self.give_up_after <= n + 1 < self.warmup:  # in warm-up: end it where the width is clearly slower
+            rate = b.rate
+            others = [r for w, r in rate.items() if w != width and b.count[w] >= self.warmup]
+            if others and rate[width] < (1 - self.give_up) * max(others):
+                b.count[width] = self.warmup
 
     def pop_news(self) -> bool:
         """True once after a bucket finished its warm-up or its fastest width changed (time to log)."""
