@@ -16,6 +16,7 @@ the few-row linear's choices from its log (``linear_verdicts``).
     python bench/throughput.py --draft D --kinds baseline domino domino-w1 domino-w2 --rounds 3
                                               # fixed widths beside adaptive, interleaved against machine drift
     python bench/throughput.py --draft D --rounds 4 --restart   # the README's reference runs: fresh servers each round
+    python bench/throughput.py --draft D --sampling-params '{"frequency_penalty": 0.5}'   # any sampling parameters
 
 Writes bench/results/<name>.json and .csv (with command, git commit, machine, date) and a PNG.
 """
@@ -172,6 +173,9 @@ def main(argv=None) -> int:
                    help="requests per level (default: max(#prompts at 1..., 2 x concurrency) capped by prompts)")
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--sampling-params", type=json.loads, default={},
+                   help="more SGLang sampling parameters for every request, as JSON, "
+                        "e.g. '{\"frequency_penalty\": 0.5}'")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--num-draft-tokens", type=int)
     p.add_argument("--max-draft-batch", type=int,
@@ -208,7 +212,7 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     prompts = load_prompts(args.mtbench, args.sharegpt)
     texts = [chat_text(tokenizer, q["text"]) for q in prompts]
-    sampling = {"temperature": args.temperature}
+    sampling = {"temperature": args.temperature, **args.sampling_params}
     name = args.name or time.strftime("throughput-%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
 

@@ -264,10 +264,10 @@ PER_TOKEN_RULES = {
 
 
 def test_logit_rules_that_change_per_token_match_plain_decoding(domino_server, baseline_server):
-    """Penalties, min_new_tokens and grammars depend on the tokens before, so a batch with them decodes plain
-    steps (a verify chain would see the state of its first position only: ignored penalties and HTTP 500
-    'Grammar accept_token failed' before). All run at once, beside requests without them that share their
-    batches; every output must equal the baseline's, and each rule must change its output."""
+    """Penalties, min_new_tokens and grammars depend on the tokens before: penalties are applied at every
+    chain position, grammars make their batches decode plain steps (before, DOMINO ignored penalties and
+    gave HTTP 500 'Grammar accept_token failed'). All run at once, beside requests without them that share
+    their batches; every output must equal the baseline's, and each rule must change its output."""
     ha = "ha ha ha ha ha ha ha ha ha ha"  # the echo drafter's whole blocks are accepted here
     short = ("<|im_start|>user\nWhat is the capital of France? Answer with one word.<|im_end|>\n"
              "<|im_start|>assistant\n")  # ends early, at EOS, unless min_new_tokens holds it
@@ -289,9 +289,25 @@ def test_logit_rules_that_change_per_token_match_plain_decoding(domino_server, b
             f"{rule} changed nothing: this test would show nothing"
 
 
+@pytest.mark.parametrize("params", [dict(frequency_penalty=0.1), dict(presence_penalty=0.5),
+                                    dict(min_new_tokens=30), dict(frequency_penalty=0.05, repetition_penalty=1.01)])
+def test_penalties_inside_accepted_chains_match_plain_decoding(params, domino_server, baseline_server):
+    """Mild penalties on the echo drafter's " ha ha" text: whole chains are accepted while the penalty grows
+    with every " ha", until it turns the target away, possibly in the middle of a chain; position i of a chain
+    must see the penalty after the drafts before it, or the output would part from plain decoding's."""
+    ha = "ha ha ha ha ha ha ha ha ha ha"
+    d, b = (generate(s, ha, max_new_tokens=32, temperature=0, **params) for s in (domino_server, baseline_server))
+    assert d["output_ids"] == b["output_ids"], (d["text"], b["text"])
+    meta = d["meta_info"]
+    assert meta["completion_tokens"] / meta["spec_verify_ct"] > 2, "no chain was accepted: this shows nothing"
+    if "min_new_tokens" not in params:
+        plain = generate(domino_server, ha, max_new_tokens=32, temperature=0)["output_ids"]
+        assert d["output_ids"] != plain, "the penalty changed nothing: this shows nothing"
+
+
 def test_per_token_rules_with_logprobs_and_sampling(domino_server, baseline_server):
-    """A logprob batch's plain step is a 1-wide verify: it must apply the penalties as SGLang's sampler does.
-    Sampled requests with penalties complete (their sampling is SGLang's own, at plain steps)."""
+    """Penalties in a logprob batch (its steps are verifies, 1-wide where it cannot draft) are applied as
+    SGLang's sampler applies them. Sampled requests with penalties complete."""
     body = {"text": "ha ha ha ha ha ha ha ha ha ha", "return_logprob": True,
             "sampling_params": {"max_new_tokens": 24, "temperature": 0, "frequency_penalty": 1.0}}
     d, b = (post_ok(s, "/generate", body) for s in (domino_server, baseline_server))

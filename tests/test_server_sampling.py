@@ -56,3 +56,69 @@ def test_draft_sampling_maps_greedy_and_whole_vocab():
     s = draft_batch_sampling(Info())
     assert s.temperature.tolist() == [0.0, pytest.approx(0.7)]
     assert s.top_k.tolist() == [0, 0]
+
+
+def _penalized_reqs():
+    from types import SimpleNamespace as NS
+
+    tok = NS(additional_stop_token_ids={7}, eos_token_id=2)
+
+    def req(freq=0.0, pres=0.0, rep=1.0, min_new=0, stop=None):
+        params = NS(frequency_penalty=freq, presence_penalty=pres, repetition_penalty=rep, min_new_tokens=min_new,
+                    stop_token_ids=stop)
+        return NS(sampling_params=params, eos_token_ids={3}, tokenizer=tok, output_ids=[])
+
+    return [req(freq=0.7), req(pres=1.3), req(rep=1.4), req(min_new=5, stop={11}),
+            req(freq=0.3, pres=0.2, rep=1.2, min_new=6), req()]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_chain_penalties_are_sglang_penalizers_advanced_token_by_token(seed):
+    """Position i of a verify chain gets exactly what SGLang's own penalizers (penaltylib) give once they have
+    counted the outputs so far and the drafts y_1 .. y_i (the summed state that plain decoding applies)."""
+    from sglang.srt.sampling import penaltylib
+    from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+
+    from sglang_domino.serving.sampling import apply_chain_penalties, has_penalties
+
+    class Batch:  # what the orchestrator reads of SGLang's ScheduleBatch
+        device = "cpu"
+
+        def __init__(self, reqs):
+            self.reqs = reqs
+
+    g = torch.Generator().manual_seed(seed)
+    vocab, n_out, n = 40, 3, 4
+    reqs = _penalized_reqs()
+    b = len(reqs)
+    outputs = torch.randint(0, 12, (b, n_out), generator=g)  # small ids: repeats and stop tokens
+    drafts = torch.randint(0, 12, (b, n), generator=g)
+    logits = torch.randn(b, n + 1, vocab, generator=g) * 3
+    batch = Batch(reqs)
+    orchestrator = penaltylib.BatchedPenalizerOrchestrator(vocab, batch, {
+        penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedMinNewTokensPenalizer,
+        penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer})
+    want = logits.clone()
+    for t in range(n_out + n):
+        if t >= n_out:  # chain position t - n_out: the state after the outputs and the drafts before it
+            pos = want[:, t - n_out]
+            additive = torch.zeros(b, vocab)
+            orchestrator.accumulate_additive_penalties(additive)
+            pos.add_(additive)
+            apply_scaling_penalties(pos, orchestrator.accumulate_scaling_penalties())
+        orchestrator.cumulate_output_tokens(outputs[:, t] if t < n_out else drafts[:, t - n_out])
+    pos = want[:, n]
+    additive = torch.zeros(b, vocab)
+    orchestrator.accumulate_additive_penalties(additive)
+    pos.add_(additive)
+    apply_scaling_penalties(pos, orchestrator.accumulate_scaling_penalties())
+
+    for r, ids in zip(reqs, outputs.tolist()):
+        r.output_ids = ids
+    got = logits.clone()
+    assert has_penalties(reqs) and not has_penalties(reqs[-1:])
+    apply_chain_penalties(got, reqs, drafts)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, logits)
+    # min_new_tokens = 5 holds the stop tokens (3 = EOS, 2, 7, 11) back for two chain positions, then lets go
+    assert torch.isinf(got[3, :2, [2, 3, 7, 11]]).all() and torch.isfinite(got[3, 2:]).all()

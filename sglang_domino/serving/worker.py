@@ -15,9 +15,12 @@ cached) and an uncommitted last token ``bonus`` (the target's previous output):
    turned into the drafter's context K/V for the same slots.
 
 Where the draft policy chooses width 1 (drafting does not pay at this batch size), or a request in the
-batch has logit rules that change with every token (penalties, min_new_tokens, a grammar, a custom logit
-processor: ``serving.sampling.plain_only_reason``), the step is SGLang's ordinary DECODE forward of the
-bonus token instead, sampled by SGLang, with its hidden states captured for the drafter's context.
+batch has a grammar or a custom logit processor (rules only SGLang can advance:
+``serving.sampling.plain_only_reason``), the step is SGLang's ordinary DECODE forward of the bonus token
+instead, sampled by SGLang, with its hidden states captured for the drafter's context. Penalties and
+min_new_tokens are applied exactly at every chain position (``serving.sampling.apply_chain_penalties``), so
+batches with them draft too; their width-1 steps are 1-wide verifies, since SGLang's sampler would apply its
+own penalty state, which counts only the last token of each speculative step.
 
 The drafter's context K/V live in a pool indexed by the target's KV slot ids, so SGLang's
 allocator, radix cache and request lifecycle manage them implicitly (a slot's entry is rewritten
@@ -39,7 +42,8 @@ from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton 
 from ..linear import trial_calls
 from ..policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
 from .context import ContextPool
-from .sampling import apply_plain_step_rules, draft_batch_sampling, plain_only_reason, sglang_probs
+from .sampling import (apply_chain_penalties, apply_plain_step_rules, draft_batch_sampling, has_penalties,
+                       plain_only_reason, sglang_probs)
 
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -258,7 +262,8 @@ class DominoWorker(BaseSpecWorker):
                         plain_reason)
         width = 1 if plain_reason is not None else self.policy.width(bs)
         n = width - 1
-        if width == 1 and not batch.return_logprob:
+        penalized = has_penalties(batch.reqs)
+        if width == 1 and not batch.return_logprob and not penalized:
             return self._plain_step(batch, seq_lens, seq_lens_cpu, bonus, on_publish, t_start)
 
         if n > 0:
@@ -282,12 +287,14 @@ class DominoWorker(BaseSpecWorker):
         out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch, is_verify=True)
         logits_output = out.logits_output
         logits = logits_output.next_token_logits
-        if sampling_info is not None and width == 1:  # a logprob batch's plain step: exactly SGLang's sampler
-            apply_plain_step_rules(logits, batch)
-        elif sampling_info is not None:  # no per-token rules here (plain_only_reason): only the logit bias
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=width)
         logits3 = logits.view(bs, width, -1)[..., : self.vocab_size]
+        if sampling_info is not None and width == 1:  # a plain step as SGLang's sampler takes it
+            apply_plain_step_rules(logits, batch)
+        elif sampling_info is not None:  # no grammar or logit processor here (plain_only_reason)
+            if penalized:
+                apply_chain_penalties(logits3, batch.reqs, tokens)
+            apply_dflash_verify_logits_adjustments(  # the logit bias (SGLang's penalty state is not set here)
+                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=width)
         if all_greedy:
             accept, new_bonus = verify_greedy(tokens, logits3)
         else:
