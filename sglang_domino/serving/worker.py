@@ -293,7 +293,7 @@ class DominoWorker(BaseSpecWorker):
         elif sampling_info is not None:  # no grammar or logit processor here (plain_only_reason)
             if penalized:
                 apply_chain_penalties(logits3, batch.reqs, tokens)
-            apply_dflash_verify_logits_adjustments(  # the logit bias (SGLang's penalty state is not set here)
+            apply_dflash_verify_logits_adjustments(  # the logit bias; it leaves SGLang's penalty state alone
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=width)
         if all_greedy:
             accept, new_bonus = verify_greedy(tokens, logits3)
