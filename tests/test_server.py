@@ -264,10 +264,10 @@ PER_TOKEN_RULES = {
 
 
 def test_logit_rules_that_change_per_token_match_plain_decoding(domino_server, baseline_server):
-    """Penalties, min_new_tokens and grammars depend on the tokens before: penalties are applied at every
-    chain position, grammars make their batches decode plain steps (before, DOMINO ignored penalties and
-    gave HTTP 500 'Grammar accept_token failed'). All run at once, beside requests without them that share
-    their batches; every output must equal the baseline's, and each rule must change its output."""
+    """Penalties, min_new_tokens and grammars depend on the tokens before; they are applied at every chain
+    position (before, DOMINO ignored penalties and gave HTTP 500 'Grammar accept_token failed'). All run at
+    once, beside requests without them that share their batches; every output must equal the baseline's, and
+    each rule must change its output."""
     ha = "ha ha ha ha ha ha ha ha ha ha"  # the echo drafter's whole blocks are accepted here
     short = ("<|im_start|>user\nWhat is the capital of France? Answer with one word.<|im_end|>\n"
              "<|im_start|>assistant\n")  # ends early, at EOS, unless min_new_tokens holds it
@@ -289,12 +289,15 @@ def test_logit_rules_that_change_per_token_match_plain_decoding(domino_server, b
             f"{rule} changed nothing: this test would show nothing"
 
 
-@pytest.mark.parametrize("params", [dict(frequency_penalty=0.1), dict(presence_penalty=0.5),
-                                    dict(min_new_tokens=30), dict(frequency_penalty=0.05, repetition_penalty=1.01)])
-def test_penalties_inside_accepted_chains_match_plain_decoding(params, domino_server, baseline_server):
-    """Mild penalties on the echo drafter's " ha ha" text: whole chains are accepted while the penalty grows
-    with every " ha", until it turns the target away, possibly in the middle of a chain; position i of a chain
-    must see the penalty after the drafts before it, or the output would part from plain decoding's."""
+@pytest.mark.parametrize("params", [
+    dict(frequency_penalty=0.1), dict(presence_penalty=0.5), dict(min_new_tokens=30),
+    dict(frequency_penalty=0.05, repetition_penalty=1.01), dict(regex="ha( ha){6} done( ha)+"),
+    dict(ebnf='root ::= "ha" (" ha")* " done"', frequency_penalty=0.05)])
+def test_rules_inside_accepted_chains_match_plain_decoding(params, domino_server, baseline_server):
+    """Mild penalties and grammars on the echo drafter's " ha ha" text: whole chains are accepted while the
+    penalty grows with every " ha", until it turns the target away, possibly in the middle of a chain; position
+    i of a chain must see the penalty and the grammar state after the drafts before it, or the output would
+    part from plain decoding's."""
     ha = "ha ha ha ha ha ha ha ha ha ha"
     d, b = (generate(s, ha, max_new_tokens=32, temperature=0, **params) for s in (domino_server, baseline_server))
     assert d["output_ids"] == b["output_ids"], (d["text"], b["text"])
@@ -302,7 +305,7 @@ def test_penalties_inside_accepted_chains_match_plain_decoding(params, domino_se
     assert meta["completion_tokens"] / meta["spec_verify_ct"] > 2, "no chain was accepted: this shows nothing"
     if "min_new_tokens" not in params:
         plain = generate(domino_server, ha, max_new_tokens=32, temperature=0)["output_ids"]
-        assert d["output_ids"] != plain, "the penalty changed nothing: this shows nothing"
+        assert d["output_ids"] != plain, "the rule changed nothing: this shows nothing"
 
 
 def test_per_token_rules_with_logprobs_and_sampling(domino_server, baseline_server):

@@ -21,8 +21,10 @@ the whole chain and count only the last committed token of each step ("relaxed")
 summed state. Here ``apply_chain_penalties`` recomputes it from each request's output ids, exactly as SGLang's
 plain decoding holds it, and advances it through the drafts, so position i of a verify chain sees the outputs
 so far plus ``y_1 .. y_i``: a chain with penalties verifies exactly, and SGLang's relaxed state is never used.
-Grammars (regex, JSON schema, EBNF) and custom logit processors keep state that only they can advance, so a
-batch with one of them decodes plain steps (``plain_only_reason``).
+Grammars (regex, JSON schema, EBNF) compiled by xgrammar, SGLang's default backend, are advanced through the
+drafts the same way (``apply_chain_grammars``: accept ``y_1 .. y_i`` on the request's matcher, read the mask,
+roll back). Grammars of other backends and custom logit processors keep state that only SGLang can advance,
+so a batch with one of them decodes plain steps (``plain_only_reason``).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def sglang_probs(logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch
 def plain_only_reason(batch) -> str | None:
     """Why a decode batch (SGLang's ScheduleBatch) must take plain one-token steps, or None: it has requests
     whose logit rules only SGLang can advance (see the module docstring)."""
-    if any(getattr(req, "grammar", None) is not None for req in batch.reqs):
-        return "a grammar (regex, JSON schema or EBNF)"
+    if any(g is not None and not _chain_grammar(g) for g in _grammars(batch.reqs)):
+        return "a grammar of a backend other than xgrammar"
     info = batch.sampling_info
     if info is not None and info.has_custom_logit_processor:
         return "a custom logit processor"
@@ -120,6 +122,57 @@ def apply_chain_penalties(logits: torch.Tensor, reqs, drafts: torch.Tensor) -> N
         if use_rep:
             scale = torch.where(seen, rep, 1.0).to(pos.dtype)
             pos.copy_(torch.where(pos < 0, pos * scale, pos / scale))
+
+
+def _grammars(reqs) -> list:
+    return [getattr(req, "grammar", None) for req in reqs]
+
+
+def _chain_grammar(grammar) -> bool:
+    """Whether a grammar can be advanced through drafts and rolled back (xgrammar's matcher)."""
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+
+    return type(grammar) is XGrammarGrammar
+
+
+def has_grammars(reqs) -> bool:
+    return any(g is not None for g in _grammars(reqs))
+
+
+def apply_chain_grammars(logits: torch.Tensor, reqs, drafts: torch.Tensor, vocab_size: int) -> None:
+    """Grammar masks at every position of a verify chain, in place.
+
+    logits: [b*(n+1), >= vocab_size] for the chains ``[bonus, y_1 .. y_n]`` of b requests, row-major; drafts:
+    [b, n]; vocab_size: the model's (the masks' width, as in SGLang's sampler).
+    Position i allows what the request's grammar allows after its output so far and ``y_1 .. y_i``: the
+    drafts are accepted on its matcher one by one while the mask allows them, and rolled back afterwards.
+    Positions after a draft the grammar refuses stay unmasked: that draft is rejected, so they are never
+    used."""
+    b, n = drafts.shape
+    width = n + 1
+    rows = [(r, g) for r, g in enumerate(_grammars(reqs)) if g is not None and not g.finished and not g.is_terminated()]
+    if not rows:
+        return
+    first = rows[0][1]
+    mask = first.allocate_vocab_mask(vocab_size=vocab_size, batch_size=b * width, device=logits.device)
+    proposals = drafts.tolist()
+    for r, grammar in rows:
+        accepted = 0
+        for i in range(width):
+            row = r * width + i
+            grammar.fill_vocab_mask(mask, row)
+            if i == n:
+                break
+            y = proposals[r][i]
+            if not (int(mask[row, y >> 5]) >> (y & 31)) & 1:
+                break
+            grammar.accept_token(y)
+            accepted += 1
+            if grammar.is_terminated():
+                break
+        if accepted:
+            grammar.rollback(accepted)
+    first.apply_vocab_mask(logits, first.move_vocab_mask(mask, logits.device))
 
 
 def apply_plain_step_rules(logits: torch.Tensor, batch) -> None:

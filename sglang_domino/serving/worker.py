@@ -15,12 +15,13 @@ cached) and an uncommitted last token ``bonus`` (the target's previous output):
    turned into the drafter's context K/V for the same slots.
 
 Where the draft policy chooses width 1 (drafting does not pay at this batch size), or a request in the
-batch has a grammar or a custom logit processor (rules only SGLang can advance:
-``serving.sampling.plain_only_reason``), the step is SGLang's ordinary DECODE forward of the bonus token
-instead, sampled by SGLang, with its hidden states captured for the drafter's context. Penalties and
-min_new_tokens are applied exactly at every chain position (``serving.sampling.apply_chain_penalties``), so
-batches with them draft too; their width-1 steps are 1-wide verifies, since SGLang's sampler would apply its
-own penalty state, which counts only the last token of each speculative step.
+batch has rules only SGLang can advance (a custom logit processor, a grammar of a backend other than
+xgrammar: ``serving.sampling.plain_only_reason``), the step is SGLang's ordinary DECODE forward of the bonus
+token instead, sampled by SGLang, with its hidden states captured for the drafter's context. Penalties,
+min_new_tokens and xgrammar grammars are applied exactly at every chain position
+(``serving.sampling.apply_chain_penalties`` / ``apply_chain_grammars``), so batches with them draft too; a
+penalized batch's width-1 steps are 1-wide verifies, since SGLang's sampler would apply its own penalty
+state, which counts only the last token of each speculative step.
 
 The drafter's context K/V live in a pool indexed by the target's KV slot ids, so SGLang's
 allocator, radix cache and request lifecycle manage them implicitly (a slot's entry is rewritten
@@ -42,8 +43,8 @@ from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton 
 from ..linear import trial_calls
 from ..policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
 from .context import ContextPool
-from .sampling import (apply_chain_penalties, apply_plain_step_rules, draft_batch_sampling, has_penalties,
-                       plain_only_reason, sglang_probs)
+from .sampling import (apply_chain_grammars, apply_chain_penalties, apply_plain_step_rules, draft_batch_sampling,
+                       has_grammars, has_penalties, plain_only_reason, sglang_probs)
 
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -290,9 +291,12 @@ class DominoWorker(BaseSpecWorker):
         logits3 = logits.view(bs, width, -1)[..., : self.vocab_size]
         if sampling_info is not None and width == 1:  # a plain step as SGLang's sampler takes it
             apply_plain_step_rules(logits, batch)
-        elif sampling_info is not None:  # no grammar or logit processor here (plain_only_reason)
-            if penalized:
+        elif sampling_info is not None:  # no logit processor here (plain_only_reason); SGLang's order:
+            if penalized:  # penalties, grammar mask, logit bias
                 apply_chain_penalties(logits3, batch.reqs, tokens)
+            if has_grammars(batch.reqs):
+                apply_chain_grammars(logits, batch.reqs, tokens, self.vocab_size)
+            sampling_info.grammar_mask = None
             apply_dflash_verify_logits_adjustments(  # the logit bias; it leaves SGLang's penalty state alone
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=width)
         if all_greedy:
