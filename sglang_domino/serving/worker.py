@@ -16,10 +16,10 @@ cached) and an uncommitted last token ``bonus`` (the target's previous output):
 
 Where the draft policy chooses width 1 (drafting does not pay at this batch size), or a request in the
 batch has rules only SGLang can advance (a custom logit processor, a grammar of a backend other than
-xgrammar: ``serving.sampling.plain_only_reason``), the step is SGLang's ordinary DECODE forward of the bonus
+xgrammar: ``serving.rules.plain_only_reason``), the step is SGLang's ordinary DECODE forward of the bonus
 token instead, sampled by SGLang, with its hidden states captured for the drafter's context. Penalties,
 min_new_tokens and xgrammar grammars are applied exactly at every chain position
-(``serving.sampling.apply_chain_penalties`` / ``apply_chain_grammars``), so batches with them draft too; a
+(``serving.rules.apply_chain_penalties`` / ``apply_chain_grammars``), so batches with them draft too; a
 penalized batch's width-1 steps are 1-wide verifies, since SGLang's sampler would apply its own penalty
 state, which counts only the last token of each speculative step.
 
@@ -43,8 +43,9 @@ from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton 
 from ..linear import trial_calls
 from ..policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
 from .context import ContextPool
-from .sampling import (apply_chain_grammars, apply_chain_penalties, apply_plain_step_rules, draft_batch_sampling,
-                       has_grammars, has_penalties, plain_only_reason, sglang_probs)
+from .rules import (apply_chain_grammars, apply_chain_penalties, apply_plain_step_rules, has_grammars, has_penalties,
+                    plain_only_reason)
+from .sampling import draft_batch_sampling, sglang_probs
 
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
