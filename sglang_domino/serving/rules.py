@@ -1,10 +1,12 @@
 """Logit rules that change with every token, at every position of a verify chain.
 
-Penalties: frequency, presence and repetition penalties and min_new_tokens (SGLang's ``penaltylib``). SGLang's own speculative algorithms apply the state of a chain's first position to
-the whole chain and count only the last committed token of each step ("relaxed"), and a worker gets only the
-summed state. Here ``apply_chain_penalties`` recomputes it from each request's output ids, exactly as SGLang's
-plain decoding holds it, and advances it through the drafts, so position i of a verify chain sees the outputs
-so far plus ``y_1 .. y_i``: a chain with penalties verifies exactly, and SGLang's relaxed state is never used.
+Penalties: frequency, presence and repetition penalties and min_new_tokens (SGLang's ``penaltylib``).
+SGLang's own speculative algorithms apply the state of a chain's first position to the whole chain and count
+only the last committed token of each step ("relaxed"), and a worker gets only the summed state. Here
+``apply_chain_penalties`` recomputes it from each request's output ids, exactly as SGLang's plain decoding
+holds it, and advances it through the drafts, so position i of a verify chain sees the outputs so far plus
+``y_1 .. y_i``: a chain with penalties verifies exactly, and SGLang's relaxed state is never used.
+
 Grammars (regex, JSON schema, EBNF) compiled by xgrammar, SGLang's default backend, are advanced through the
 drafts the same way (``apply_chain_grammars``: accept ``y_1 .. y_i`` on the request's matcher, read the mask,
 roll back). Grammars of other backends and custom logit processors keep state that only SGLang can advance,
