@@ -308,6 +308,21 @@ def test_rules_inside_accepted_chains_match_plain_decoding(params, domino_server
         assert d["output_ids"] != plain, "the rule changed nothing: this shows nothing"
 
 
+@pytest.mark.parametrize("params", [dict(frequency_penalty=0.1), dict(regex="ha( ha){6} done( ha)+")])
+def test_logprobs_inside_accepted_chains_with_rules_match_plain_decoding(params, domino_server, baseline_server):
+    """Logprobs of tokens committed inside accepted chains under a penalty or a grammar: the values and top-3
+    lists of plain decoding."""
+    body = {"text": "ha ha ha ha ha ha ha ha ha ha", "return_logprob": True, "top_logprobs_num": 3,
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0, **params}}
+    d, b = (post_ok(s, "/generate", body) for s in (domino_server, baseline_server))
+    assert d["output_ids"] == b["output_ids"]
+    assert d["meta_info"]["spec_verify_ct"] <= 8, "no chain was accepted: this shows nothing"
+    logprobs = [[t[0] for t in r["meta_info"]["output_token_logprobs"]] for r in (d, b)]
+    assert logprobs[0] == pytest.approx(logprobs[1], abs=1e-3)
+    tops = [[[t[1] for t in row] for row in r["meta_info"]["output_top_logprobs"]] for r in (d, b)]
+    assert tops[0] == tops[1] and len(tops[0]) == 16
+
+
 def test_per_token_rules_with_logprobs_and_sampling(domino_server, baseline_server):
     """Penalties in a logprob batch (its steps are verifies, 1-wide where it cannot draft) are applied as
     SGLang's sampler applies them. Sampled requests with penalties complete."""
