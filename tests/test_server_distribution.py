@@ -2,7 +2,7 @@
 
 A DOMINO server with the committed drafter verifies ``[bonus, y_1, y_2, y_3]`` at every decode step, at any
 batch size, and draws each request's first three tokens; every batch mixes three sampling settings (top-k at
-temperature 1 and top-p at temperature 0.7 on a chat prompt; top-k with frequency, presence and repetition
+temperature 1, and top-p with min-p at temperature 0.7, on a chat prompt; top-k with frequency, presence and repetition
 penalties on " ha ha" text, where the penalties act within the three tokens) with greedy requests. The joint
 distribution of the three tokens is compared with the target's exact one (Transformers forwards, SGLang's
 sampling conventions) by a chi-square goodness-of-fit test over every triple with an expected count of at
@@ -12,12 +12,13 @@ p penalized for the drafts before it: a mistake there moves mass between triples
 
 Two controls keep the test honest: a plain server's samples pass the same test (the reference distribution is
 SGLang's, not just ours), and the DOMINO samples fail it against the target at a temperature 0.25 away, and
-without the penalties where they are set (the sample is large enough to see a difference of that size: in 100
-simulated samples from the exact distribution of each setting, all failed against each near miss). A server
-whose verify drew a rejected draft's replacement from p instead of the residual failed the top-k and top-p
-settings (p = 1.6e-11 and 1.8e-15; a one-off check by hand). Three tokens are too few to see a chain that
-applies its first position's penalties to every position (that passed here); the greedy chain tests of
-``test_server.py`` catch it. Servers run with ``--random-seed 0``.
+without the penalties or the min-p where they are set (the sample is large enough to see a difference of that
+size: in 100 simulated samples from the exact distribution of each setting, all failed against each near miss
+but one sample against the one without min-p). A server whose verify drew a rejected draft's replacement from
+p instead of the residual failed the top-k and top-p settings (p = 1.6e-11 and 1.8e-15, the top-p one then
+without min-p; a one-off check by hand). Three tokens are too few to see a chain that applies its first
+position's penalties to every position (that passed here); the greedy chain tests of ``test_server.py`` catch
+it. Servers run with ``--random-seed 0``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ POEM = "Write a short poem about the sea."  # a chat prompt
 HA = "ha ha ha ha ha ha"  # plain text: " ha" again is likely, so penalties matter within three tokens
 SETTINGS = {  # name: (prompt, sampling parameters)
     "top-k": (POEM, {"temperature": 1.0, "top_k": 8}),
-    "top-p": (POEM, {"temperature": 0.7, "top_p": 0.8}),
+    "top-p": (POEM, {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05}),
     "penalties": (HA, {"temperature": 1.0, "top_k": 8, "frequency_penalty": 0.4, "presence_penalty": 0.3,
                        "repetition_penalty": 1.2}),
 }
@@ -126,7 +127,7 @@ def target(prompt_ids):
     return load_target(MODEL, torch.float32)[0]
 
 
-def exact_triples(target, ids, temperature: float, top_k: int = 1 << 30, top_p: float = 1.0,
+def exact_triples(target, ids, temperature: float, top_k: int = 1 << 30, top_p: float = 1.0, min_p: float = 0.0,
                   frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                   repetition_penalty: float = 1.0) -> dict[tuple, float]:
     """Every triple of next tokens whose probability under the target (SGLang's sampling conventions, the
@@ -144,7 +145,7 @@ def exact_triples(target, ids, temperature: float, top_k: int = 1 << 30, top_p: 
                 row[t] = row[t] * repetition_penalty if row[t] < 0 else row[t] / repetition_penalty
         k = len(prefixes)
         rows = sglang_probs(logits[:, None], torch.full((k,), temperature), torch.full((k,), top_k),
-                            torch.full((k,), top_p))
+                            torch.full((k,), top_p), torch.full((k,), min_p))
         joint = torch.tensor([probs[p] for p in prefixes], dtype=torch.float64)[:, None] * rows[:, 0].double()
         likely = (joint * SAMPLES >= MIN_EXPECTED).nonzero().tolist()
         probs = {prefixes[i] + (t,): float(joint[i, t]) for i, t in likely}
@@ -173,6 +174,8 @@ def wrong_references(params: dict) -> list[dict]:
     wrong = [{**params, "temperature": params["temperature"] + shift} for shift in (-0.25, 0.25)]
     if any(k.endswith("_penalty") for k in params):
         wrong.append({k: v for k, v in params.items() if not k.endswith("_penalty")})
+    if "min_p" in params:
+        wrong.append({k: v for k, v in params.items() if k != "min_p"})
     return wrong
 
 
