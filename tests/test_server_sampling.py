@@ -56,4 +56,3 @@ def test_draft_sampling_maps_greedy_and_whole_vocab():
     s = draft_batch_sampling(Info())
     assert s.temperature.tolist() == [0.0, pytest.approx(0.7)]
     assert s.top_k.tolist() == [0, 0]
-
