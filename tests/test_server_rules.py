@@ -50,19 +50,15 @@ def test_chain_penalties_are_sglang_penalizers_advanced_token_by_token(seed):
         penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedMinNewTokensPenalizer,
         penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer})
     want = logits.clone()
-    for t in range(n_out + n):
+    for t in range(n_out + n + 1):
         if t >= n_out:  # chain position t - n_out: the state after the outputs and the drafts before it
             pos = want[:, t - n_out]
             additive = torch.zeros(b, vocab)
             orchestrator.accumulate_additive_penalties(additive)
             pos.add_(additive)
             apply_scaling_penalties(pos, orchestrator.accumulate_scaling_penalties())
-        orchestrator.cumulate_output_tokens(outputs[:, t] if t < n_out else drafts[:, t - n_out])
-    pos = want[:, n]
-    additive = torch.zeros(b, vocab)
-    orchestrator.accumulate_additive_penalties(additive)
-    pos.add_(additive)
-    apply_scaling_penalties(pos, orchestrator.accumulate_scaling_penalties())
+        if t < n_out + n:
+            orchestrator.cumulate_output_tokens(outputs[:, t] if t < n_out else drafts[:, t - n_out])
 
     for r, ids in zip(reqs, outputs.tolist()):
         r.output_ids = ids
@@ -108,15 +104,18 @@ def test_chain_grammar_masks_follow_the_drafts_and_leave_the_grammar_as_it_was()
     assert has_grammars(reqs)
     apply_chain_grammars(got, reqs, drafts, vocab)
 
+    def allowed(grammar):
+        mask = grammar.allocate_vocab_mask(vocab, 1, "cpu")
+        grammar.fill_vocab_mask(mask, 0)
+        row = torch.zeros(1, vocab)
+        grammar.apply_vocab_mask(row, mask)
+        return torch.isfinite(row[0])
+
     def allowed_after(grammar, tokens):
         fresh = grammar.copy()
         for t in first + tokens:
             fresh.accept_token(t)
-        mask = fresh.allocate_vocab_mask(vocab, 1, "cpu")
-        fresh.fill_vocab_mask(mask, 0)
-        row = torch.zeros(1, vocab)
-        fresh.apply_vocab_mask(row, mask)
-        return torch.isfinite(row[0])
+        return allowed(fresh)
 
     got = got.view(b, n + 1, vocab)
     assert torch.equal(got[1], logits.view(b, n + 1, vocab)[1])  # no grammar: untouched
@@ -130,9 +129,5 @@ def test_chain_grammar_masks_follow_the_drafts_and_leave_the_grammar_as_it_was()
     assert not torch.isfinite(got[2, 1, done[0]])  # y_2 = " done" is refused at position 1 ...
     assert torch.isfinite(got[2, 2:]).all()  # ... so the positions after it are never used: left unmasked
     for g in grammars[::2]:  # rolled back: the matcher allows what it allowed before
-        mask = g.allocate_vocab_mask(vocab, 1, "cpu")
-        g.fill_vocab_mask(mask, 0)
-        row = torch.zeros(1, vocab)
-        g.apply_vocab_mask(row, mask)
-        assert torch.equal(torch.isfinite(row[0]), allowed_after(g, []))
+        assert torch.equal(allowed(g), allowed_after(g, []))
         assert g.accepted_tokens == first

@@ -148,8 +148,7 @@ def apply_plain_step_rules(logits: torch.Tensor, batch) -> None:
     if has_penalties(batch.reqs):
         apply_chain_penalties(logits[:, None], batch.reqs, logits.new_empty(len(batch.reqs), 0, dtype=torch.long))
     info.acc_additive_penalties = info.acc_scaling_penalties = None  # SGLang's relaxed state: applied above
-    grammars = _grammars(batch.reqs)
-    info.grammars = grammars if any(g is not None for g in grammars) else None
+    info.grammars = _grammars(batch.reqs) if has_grammars(batch.reqs) else None
     info.update_regex_vocab_mask()
     info.apply_logits_bias(logits)
     info.grammar_mask = None
