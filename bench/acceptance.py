@@ -4,11 +4,13 @@ For each prompt (MT-Bench first turns, then a held-out ShareGPT slice) and each 
 decoders run back to back on the same prompt, so the ratios compare like with like on a noisy machine.
 Methods: ``plain`` (the target alone), ``domino`` (the drafter, backbone + head), ``backbone`` (the same
 drafter with the head switched off) and, with ``--baseline-drafter``, ``dflash`` (a drafter trained with
-lambda = 1, backbone only: the same-budget baseline). Writes ``bench/results/<name>.json`` and a
+lambda = 1, backbone only: the same-budget baseline) and, with ``--previous-drafter``, ``previous`` (another
+Domino drafter, head on: an earlier training stage, to compare stages in one run). Writes ``bench/results/<name>.json`` and a
 Markdown table beside it.
 
     python bench/acceptance.py --drafter drafters/smollm2-domino-b16 --mtbench 20 --sharegpt 10
     python bench/acceptance.py --drafter D --baseline-drafter B --methods plain domino dflash --temperatures 0
+    python bench/acceptance.py --drafter D --previous-drafter P --methods plain domino previous
 """
 
 from __future__ import annotations
@@ -32,15 +34,15 @@ from sglang_domino.policy import POLICIES, DraftPolicy  # noqa: E402
 from sglang_domino.prompts import mtbench_first_turns, sharegpt_heldout  # noqa: E402
 from sglang_domino.sampling import SamplingParams  # noqa: E402
 
-METHODS = ("plain", "domino", "backbone", "dflash")
+METHODS = ("plain", "domino", "backbone", "dflash", "previous")
+DRAFTER_OF = {"domino": "main", "backbone": "main", "dflash": "baseline", "previous": "previous"}
 
 
 def run_method(method, target, drafters, ids, max_new, params, stops, seed, block, policy):
     if method == "plain":
         return plain_generate(target, ids, max_new, params, stops, seed=seed)
-    drafter = drafters["baseline" if method == "dflash" else "main"]
-    return speculative_generate(target, drafter, ids, max_new, params, stops, seed=seed,
-                                use_head=method == "domino", block_size=block, policy=policy)
+    return speculative_generate(target, drafters[DRAFTER_OF[method]], ids, max_new, params, stops, seed=seed,
+                                use_head=method in ("domino", "previous"), block_size=block, policy=policy)
 
 
 def summarise(runs: list) -> dict:
@@ -80,6 +82,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
     ap.add_argument("--drafter", help="drafter checkpoint; default: a random (untrained) drafter")
     ap.add_argument("--baseline-drafter", help="a DFlash-trained drafter (lambda = 1) for the dflash method")
+    ap.add_argument("--previous-drafter", help="another Domino drafter (an earlier stage) for the previous method")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--mtbench", type=int, default=20, help="MT-Bench first turns to use (of 80)")
     ap.add_argument("--sharegpt", type=int, default=10, help="held-out ShareGPT prompts")
@@ -92,7 +95,7 @@ def main(argv=None) -> None:
                     help="always: every step verifies --block-size (tau of the drafter at that block); adaptive: "
                          "the draft policy picks the width per step, one policy per method across all prompts")
     ap.add_argument("--methods", nargs="+", default=None, choices=METHODS,
-                    help="default: plain domino backbone, and dflash when --baseline-drafter is given")
+                    help="default: plain domino backbone, and dflash / previous when their drafter is given")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="acceptance", help="result file name under bench/results/")
     args = ap.parse_args(argv)
@@ -105,11 +108,13 @@ def main(argv=None) -> None:
     else:
         drafter, drafter_name = init_drafter(target.config).to(dtype), "random (untrained)"
     drafters = {"main": drafter}
-    if args.baseline_drafter:
-        drafters["baseline"] = load_drafter(args.baseline_drafter, target.config, dtype=dtype)
-    methods = args.methods or [m for m in METHODS if m != "dflash" or args.baseline_drafter]
-    if "dflash" in methods and not args.baseline_drafter:
-        ap.error("the dflash method needs --baseline-drafter")
+    for key, path in (("baseline", args.baseline_drafter), ("previous", args.previous_drafter)):
+        if path:
+            drafters[key] = load_drafter(path, target.config, dtype=dtype)
+    methods = args.methods or [m for m in METHODS if DRAFTER_OF.get(m, "main") in drafters]
+    for m in methods:
+        if DRAFTER_OF.get(m, "main") not in drafters:
+            ap.error(f"the {m} method needs --{DRAFTER_OF[m]}-drafter")
     stops = stop_token_ids(target, tokenizer)
     datasets = {"mtbench": mtbench_first_turns(args.mtbench),
                 "sharegpt": sharegpt_heldout(args.sharegpt, args.exclude_data) if args.sharegpt else []}
@@ -139,7 +144,10 @@ def main(argv=None) -> None:
     by_cell = {(r["dataset"], r["temperature"], r["method"]): r for r in rows}
     tau_over_dflash = {f"{d}@T={t}": round(r["tau"] / by_cell[(d, t, "dflash")]["tau"], 3)
                        for (d, t, m), r in by_cell.items() if m == "domino" and (d, t, "dflash") in by_cell}
+    tau_over_previous = {f"{d}@T={t}": round(r["tau"] / by_cell[(d, t, "previous")]["tau"], 3)
+                         for (d, t, m), r in by_cell.items() if m == "domino" and (d, t, "previous") in by_cell}
     payload = {"target": args.model, "drafter": drafter_name, "baseline_drafter": args.baseline_drafter,
+               "previous_drafter": args.previous_drafter, "domino_tau_over_previous_tau": tau_over_previous,
                "dtype": args.dtype, "block_size": block, "policy": args.policy,
                "max_new_tokens": args.max_new_tokens, "head_cost_over_backbone": head_share,
                "domino_tau_over_dflash_tau": tau_over_dflash, "results": rows, "table": md}
@@ -149,6 +157,8 @@ def main(argv=None) -> None:
     print(f"head cost / backbone cost per draft step: {head_share}")
     if tau_over_dflash:
         print(f"Domino tau / DFlash tau: {tau_over_dflash}")
+    if tau_over_previous:
+        print(f"Domino tau / previous drafter's tau: {tau_over_previous}")
     print(f"wrote {path}")
 
 

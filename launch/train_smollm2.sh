@@ -11,7 +11,10 @@
 #      gen-data set (48 of its 100 shards) and 1152 relabelled ShareGPT answers (relabel-data, which also
 #      fills the feature cache);
 #   6. stage 4: continue from the stage-3 exports with 2560 more relabelled answers (seed 1, questions
-#      already in the other folders excluded).
+#      already in the other folders excluded);
+#   7. stage 5 (Domino only; STAGE5=1): on a CPU with AMX, bf16 makes the target forward ~4x and a training step
+#      ~5x cheaper, so: the last 1897 relabelled first answers (seed 2) and 2400 relabelled later turns of
+#      conversations (--later-turns), features in bf16, then 5000 steps at 2 threads from the stage-4 export.
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
 #   bash launch/train_smollm2.sh   (the committed run; STEPS1/2/3/4 change the stage lengths)
 # Rerunning resumes every run from runs/*/checkpoint.pt.
@@ -67,6 +70,23 @@ stage4() {  # name, extra args
       --lr 3e-4 --init-from "runs/smollm2-$1-b16-stage3/export" \
       --run-dir "runs/smollm2-$1-b16" --out "drafters/smollm2-$1-b16" "${@:2}" > "runs/smollm2-$1-b16.log" 2>&1
 }
+if [ -n "${STAGE5:-}" ]; then
+  DATA6=data/sharegpt-smollm2-relabelled-s2
+  DATA7=data/sharegpt-smollm2-later-turns
+  BF16=(--threads 2 --dtype bfloat16 --features-dir runs/features-bf16 --target-layer-ids 1 10 18 27 --no-progress)
+  $PY -m sglang_domino.train relabel-data "${BF16[@]}" --out $DATA6 --num-conversations 12000 --seed 2 \
+      --exclude $DATA1 $DATA2 $DATA3 $DATA4 $DATA5
+  $PY -m sglang_domino.train relabel-data "${BF16[@]}" --out $DATA7 --num-conversations 2400 --seed 3 \
+      --later-turns --max-prompt-tokens 768
+  [ -d runs/smollm2-domino-b16-stage4 ] || cp -r drafters/smollm2-domino-b16 runs/smollm2-domino-b16-stage4
+  $PY -m sglang_domino.train train --threads 2 --loss-vocab data --dtype bfloat16 --feature-dtype bfloat16 \
+      --features-dir runs/features-bf16 --eval-every 500 --ckpt-every 200 --no-progress \
+      --data $DATA1 $DATA2 $DATA3 $DATA4 $DATA5 $DATA6 $DATA7 --max-steps "${STEPS5:-5000}" --lr 3e-4 \
+      --init-from runs/smollm2-domino-b16-stage4 --run-dir runs/smollm2-domino-b16-stage5 \
+      --out runs/smollm2-domino-b16-stage5/export --lambda-const 0 > runs/smollm2-domino-b16-stage5.log 2>&1
+  rm -r drafters/smollm2-domino-b16 && cp -r runs/smollm2-domino-b16-stage5/export drafters/smollm2-domino-b16
+  exit
+fi
 (stage1 domino && stage2 domino --lambda-const 0 && stage3 domino --lambda-const 0 && stage4 domino --lambda-const 0) &
 (stage1 dflash --lambda-const 1 && stage2 dflash --lambda-const 1 && stage3 dflash --lambda-const 1 &&
    stage4 dflash --lambda-const 1) &

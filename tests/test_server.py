@@ -28,11 +28,10 @@ import torch
 from sglang_domino.policy import policy_env
 from sglang_domino.serving.server import Server, free_port, preset_args, sse_events, start_all
 
+from server_setup import DEVICE, MODEL
+
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = os.environ.get("SGLANG_DOMINO_TEST_MODEL", str(ROOT / "models" / "SmolLM2-135M-Instruct"))
-DEVICE = os.environ.get("SGLANG_DOMINO_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
 HA = 421  # " ha" in SmolLM2's vocabulary: greedy decoding of "ha ha ha ..." repeats it
 BLOCK = 8
 TIMEOUT = 600

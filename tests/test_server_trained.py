@@ -18,12 +18,10 @@ import torch
 from sglang_domino.policy import policy_env
 from sglang_domino.serving.server import Server, free_port, preset_args, start_all
 
+from server_setup import DEVICE, DRAFTER, MODEL
+
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = os.environ.get("SGLANG_DOMINO_TEST_MODEL", str(ROOT / "models" / "SmolLM2-135M-Instruct"))
-DRAFTER = ROOT / "drafters" / "smollm2-domino-b16"
-DEVICE = os.environ.get("SGLANG_DOMINO_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
 N_PROMPTS, MAX_NEW = 6, 48
 
 

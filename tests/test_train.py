@@ -553,6 +553,20 @@ def test_relabel_data_labels_each_position_with_the_target(tmp_path):
     more = relabel_dataset(RelabelConfig(target=str(model_dir), num_conversations=5, exclude=[str(out)]),
                            tmp_path / "d2", source=tmp_path / "s.json", progress=False)
     assert [e["id"] for e in load_examples(more)] == ["d"]  # a and c are in the excluded folder
+    recs.append(record("e", ("human", "Pick a number."), ("gpt", "Seven."), ("human", "Double it."), ("gpt", "14."),
+                       ("human", "Halve that."), ("gpt", "7."), ("human", "")))
+    (tmp_path / "s.json").write_text(json.dumps(recs))
+    later = relabel_dataset(RelabelConfig(target=str(model_dir), num_conversations=5, later_turns=True),
+                            tmp_path / "d3", source=tmp_path / "s.json", progress=False)
+    turns = sorted(load_examples(later), key=lambda e: e["prompt_len"])  # only record e has a second exchange
+    assert [e["id"] for e in turns] == ["e", "e"]
+    prompt, answer = (tok.decode(turns[1]["input_ids"][:turns[1]["prompt_len"]]),
+                      tok.decode(turns[1]["input_ids"][turns[1]["prompt_len"]:]))
+    assert prompt.count("Seven.") == prompt.count("14.") == 1 and prompt.rstrip().endswith("assistant")
+    assert answer.startswith("7.") and "Halve that." in prompt
+    with torch.no_grad():
+        logits = target(input_ids=turns[1]["input_ids"].long()[None]).logits[0]
+    assert turns[1]["labels"].tolist() == logits.argmax(-1).tolist()
 
 
 def test_cli_parsers():

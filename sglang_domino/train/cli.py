@@ -73,6 +73,9 @@ def add_relabel_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exclude", nargs="+", default=[], metavar="DATA_DIR",
                    help="skip questions already in these data folders (training would use them once anyway)")
+    p.add_argument("--later-turns", action="store_true",
+                   help="every exchange after a conversation's first, the conversation before it as the prompt "
+                        "(raise --max-prompt-tokens to keep long contexts)")
     p.add_argument("--features-dir", default=None,
                    help="also fill this feature cache (as train --features-dir reads it; needs --target-layer-ids)")
     p.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
@@ -92,7 +95,8 @@ def run_relabel_data(args) -> None:
     _threads(args.threads)
     cfg = RelabelConfig(target=args.target, num_conversations=args.num_conversations,
                         max_prompt_tokens=args.max_prompt_tokens, max_response_tokens=args.max_response_tokens,
-                        shard_size=args.shard_size, seed=args.seed, dtype=args.dtype, exclude=args.exclude)
+                        shard_size=args.shard_size, seed=args.seed, dtype=args.dtype, exclude=args.exclude,
+                        later_turns=args.later_turns)
     out = relabel_dataset(cfg, args.out, features_dir=args.features_dir, target_layer_ids=args.target_layer_ids,
                           source=args.source, progress=not args.no_progress)
     print(json.dumps({"data": str(out), **dataset_stats(load_examples(out))}))

@@ -5,6 +5,9 @@ data ~5x faster (~290 response tokens/s) from one teacher-forced target forward 
 sequence is the prompt and ShareGPT's first answer, ``labels[t]`` is the target's argmax after
 ``x_0 .. x_t``, and the same forward fills the feature cache that training reads.
 
+``later_turns`` takes every later exchange instead: the prompt is the whole conversation before that human
+turn (earlier answers as ShareGPT wrote them), the answer is the one to it; a record gives several examples.
+
 The labels keep the objective exact. A block anchored at ``a`` must predict the target's greedy chain from
 ``x_0 .. x_a``; its i-th label ``labels[a+i]`` is that chain's i-th token as long as ``x_{a+1} .. x_{a+i}``
 are the chain's earlier tokens (``x_{a+j} == labels[a+j-1]``), and ``anchors.build_blocks`` ignores every
@@ -42,28 +45,39 @@ class RelabelConfig:
     seed: int = 0
     dtype: str = "float32"
     exclude: list[str] = field(default_factory=list)  # data folders whose questions are skipped
+    later_turns: bool = False  # every exchange after the first, with the conversation before it as prompt
 
     def key(self) -> dict:
-        key = settings_key(self, "shard_size", "exclude")
-        if self.exclude:  # absent when empty: folders made before the option existed still match
+        key = settings_key(self, "shard_size", "exclude", "later_turns")
+        if self.exclude:  # absent when empty/False: folders made before the options existed still match
             key["exclude"] = [str(Path(d).resolve()) for d in self.exclude]
+        if self.later_turns:
+            key["later_turns"] = True
         return key
 
 
-def first_exchange(record: dict) -> tuple[str, str] | None:
-    """(first human turn, the answer to it), both non-empty, or None."""
-    turns = record.get("conversations") or []
-    if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
-        return None
-    q, a = (turns[0].get("value") or "").strip(), (turns[1].get("value") or "").strip()
-    return (q, a) if q and a else None
+def exchanges(record: dict, later_turns: bool = False) -> list[tuple[list[dict], str]]:
+    """(chat messages up to a human turn, the answer to it) for the first exchange, or with ``later_turns`` for
+    every later one; the conversation must alternate human/gpt from its start with non-empty turns up to there."""
+    out, messages = [], []
+    for i, turn in enumerate(record.get("conversations") or []):
+        who, text = turn.get("from"), (turn.get("value") or "").strip()
+        if who != ("human", "gpt")[i % 2] or not text:
+            break
+        if who == "gpt" and (i > 1) == later_turns:
+            out.append((list(messages), text))
+        messages.append({"role": "user" if who == "human" else "assistant", "content": text})
+        if not later_turns and i == 1:
+            break
+    return out
 
 
-def tokenize_exchange(tokenizer, question: str, answer: str, eos_ids: list[int], cfg: RelabelConfig) -> dict | None:
-    """Templated prompt + answer (ending at the first EOS, cut at max_response_tokens) as one example."""
-    user = {"role": "user", "content": question}
-    prompt = tokenizer.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template([user, {"role": "assistant", "content": answer}], tokenize=False)
+def tokenize_exchange(tokenizer, messages: list[dict], answer: str, eos_ids: list[int],
+                      cfg: RelabelConfig) -> dict | None:
+    """Templated prompt (``messages``, ending with a user turn) + answer (ending at the first EOS, cut at
+    max_response_tokens) as one example."""
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": answer}], tokenize=False)
     if not full.startswith(prompt):
         raise ValueError("the chat template does not render the prompt as a prefix of the conversation")
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -80,20 +94,21 @@ def tokenize_exchange(tokenizer, question: str, answer: str, eos_ids: list[int],
 
 
 def select_exchanges(tokenizer, cfg: RelabelConfig, eos_ids: list[int], source: str | Path | None = None) -> list[dict]:
-    """A seeded sample of ``num_conversations`` tokenized first exchanges (distinct questions, none whose
-    templated prompt is in a ``cfg.exclude`` folder)."""
+    """A seeded sample of ``num_conversations`` tokenized exchanges (distinct prompts, none whose templated
+    prompt is in a ``cfg.exclude`` folder); first exchanges, or with ``cfg.later_turns`` the later ones."""
     skip = {prompt_key(ex) for d in cfg.exclude for ex in load_examples(d, min_response_tokens=0)}
     records = []
     seen = set()
     for record in iter_sharegpt_records(source or sharegpt_path()):
-        pair = first_exchange(record)
-        if pair is not None and pair[0] not in seen:
-            seen.add(pair[0])
-            records.append((str(record.get("id", len(records))), *pair))
+        for messages, answer in exchanges(record, cfg.later_turns):
+            context = tuple(m["content"] for m in messages)
+            if context not in seen:
+                seen.add(context)
+                records.append((str(record.get("id", len(records))), messages, answer))
     random.Random(cfg.seed).shuffle(records)
     chosen = []
-    for rid, q, a in records:
-        ex = tokenize_exchange(tokenizer, q, a, eos_ids, cfg)
+    for rid, messages, answer in records:
+        ex = tokenize_exchange(tokenizer, messages, answer, eos_ids, cfg)
         if ex is not None and prompt_key(ex) not in skip:
             chosen.append({"id": rid, **ex})
             if len(chosen) >= cfg.num_conversations:
