@@ -5,8 +5,8 @@ decoders run back to back on the same prompt, so the ratios compare like with li
 Methods: ``plain`` (the target alone), ``domino`` (the drafter, backbone + head), ``backbone`` (the same
 drafter with the head switched off) and, with ``--baseline-drafter``, ``dflash`` (a drafter trained with
 lambda = 1, backbone only: the same-budget baseline) and, with ``--previous-drafter``, ``previous`` (another
-Domino drafter, head on: an earlier training stage, to compare stages in one run). Writes ``bench/results/<name>.json`` and a
-Markdown table beside it.
+Domino drafter, head on: an earlier training stage, to compare stages in one run). Writes
+``bench/results/<name>.json`` and a Markdown table beside it.
 
     python bench/acceptance.py --drafter drafters/smollm2-domino-b16 --mtbench 20 --sharegpt 10
     python bench/acceptance.py --drafter D --baseline-drafter B --methods plain domino dflash --temperatures 0
