@@ -31,7 +31,6 @@ def test_chain_penalties_are_sglang_penalizers_advanced_token_by_token(seed):
     counted the outputs so far and the drafts y_1 .. y_i (the summed state that plain decoding applies)."""
     from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 
-
     class Batch:  # what the orchestrator reads of SGLang's ScheduleBatch
         device = "cpu"
 
