@@ -12,9 +12,10 @@
 #      fills the feature cache);
 #   6. stage 4: continue from the stage-3 exports with 2560 more relabelled answers (seed 1, questions
 #      already in the other folders excluded);
-#   7. stage 5 (Domino only; STAGE5=1): on a CPU with AMX, bf16 makes the target forward ~4x and a training step
-#      2-5x cheaper, so: the last 1897 relabelled first answers (seed 2) and 2400 relabelled later turns of
-#      conversations (--later-turns), features in bf16, then 3500 steps at 2 threads from the stage-4 export.
+#   7. stage 5 (STAGE5=1): on a CPU with AMX, bf16 makes the target forward ~4x and a training step 2-5x
+#      cheaper, so: the last 1897 relabelled first answers (seed 2) and 2400 relabelled later turns of
+#      conversations (--later-turns), features in bf16, then 3500 steps at 2 threads from each stage-4 export,
+#      Domino (lambda = 0) first, then the DFlash baseline (lambda = 1).
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
 #   bash launch/train_smollm2.sh   (the committed run; STEPS1/2/3/4 change the stage lengths)
 # Rerunning resumes every run from runs/*/checkpoint.pt.
@@ -78,13 +79,18 @@ if [ -n "${STAGE5:-}" ]; then
       --exclude $DATA1 $DATA2 $DATA3 $DATA4 $DATA5
   $PY -m sglang_domino.train relabel-data "${BF16[@]}" --out $DATA7 --num-conversations 2400 --seed 3 \
       --later-turns --max-prompt-tokens 768
-  [ -d runs/smollm2-domino-b16-stage4 ] || cp -r drafters/smollm2-domino-b16 runs/smollm2-domino-b16-stage4
-  $PY -m sglang_domino.train train --threads 2 --loss-vocab data --dtype bfloat16 --feature-dtype bfloat16 \
-      --features-dir runs/features-bf16 --eval-every 500 --ckpt-every 200 --no-progress \
-      --data $DATA1 $DATA2 $DATA3 $DATA4 $DATA5 $DATA6 $DATA7 --max-steps "${STEPS5:-3500}" --lr 3e-4 \
-      --init-from runs/smollm2-domino-b16-stage4 --run-dir runs/smollm2-domino-b16-stage5 \
-      --out runs/smollm2-domino-b16-stage5/export --lambda-const 0 > runs/smollm2-domino-b16-stage5.log 2>&1
-  rm -r drafters/smollm2-domino-b16 && cp -r runs/smollm2-domino-b16-stage5/export drafters/smollm2-domino-b16
+  stage5() {  # name, lambda: continue from the stage-4 export (kept as runs/smollm2-NAME-b16-stage4)
+    [ -d "runs/smollm2-$1-b16-stage4" ] || cp -r "drafters/smollm2-$1-b16" "runs/smollm2-$1-b16-stage4"
+    $PY -m sglang_domino.train train --threads 2 --loss-vocab data --dtype bfloat16 --feature-dtype bfloat16 \
+        --features-dir runs/features-bf16 --eval-every 500 --ckpt-every 200 --no-progress \
+        --data $DATA1 $DATA2 $DATA3 $DATA4 $DATA5 $DATA6 $DATA7 --max-steps "${STEPS5:-3500}" --lr 3e-4 \
+        --init-from "runs/smollm2-$1-b16-stage4" --run-dir "runs/smollm2-$1-b16-stage5" \
+        --out "runs/smollm2-$1-b16-stage5/export" --lambda-const "$2" > "runs/smollm2-$1-b16-stage5.log" 2>&1
+    rm -r "drafters/smollm2-$1-b16" && cp -r "runs/smollm2-$1-b16-stage5/export" "drafters/smollm2-$1-b16"
+    sed -i "1s/.*/# smollm2-$1-b16/" "drafters/smollm2-$1-b16/README.md"  # the card's title: the export folder's name
+  }
+  stage5 domino 0
+  stage5 dflash 1
   exit
 fi
 (stage1 domino && stage2 domino --lambda-const 0 && stage3 domino --lambda-const 0 && stage4 domino --lambda-const 0) &

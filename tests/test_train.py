@@ -347,6 +347,10 @@ def test_more_data_folders_keep_the_split_and_use_each_prompt_once(target, tmp_p
     assert train_ids[:len(one.train_set)] == [e["id"] for e in one.train_set]
     assert len(train_ids) == len(one.train_set) + len(second) and "again" not in train_ids
     assert both.data_fingerprint != one.data_fingerprint
+    # the card says which folder holds later turns (relabel-data --later-turns records it in meta.json)
+    assert "Data: ShareGPT first-turn prompts (never MT-Bench)" in one.model_card()
+    (tmp_path / "b" / "meta.json").write_text(json.dumps({"config": {"later_turns": True}}))
+    assert f"in {tmp_path / 'b'}, later exchanges with the conversation before them" in both.model_card()
 
 
 def test_relabelled_examples_train_with_their_labels(target, tmp_path):

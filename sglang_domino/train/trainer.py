@@ -475,7 +475,7 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
 - Drafter: {d.num_hidden_layers} draft layer(s), hidden {d.hidden_size}, block size {d.block_size},
   target_layer_ids {d.target_layer_ids}, GRU {d.gru_hidden_dim}, emb_dim {d.emb_dim}, mask token {d.mask_token_id};
   {n_params / 1e6:.2f} M parameters
-- Data: ShareGPT first-turn prompts (never MT-Bench)
+- Data: {self._data_description()} (never MT-Bench)
   ({", ".join(self.data_dirs)}): {stats['examples']} training conversations, {stats['response_tokens']} response tokens
   (mean {stats['mean_response_tokens']}); {stats['relabelled']} of them ShareGPT's own answers relabelled with the
   target's greedy next tokens (relabel-data), the rest answered by the target, {stats['sampled_fraction']:.0%} of all
@@ -491,6 +491,17 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
 - Last validation (teacher-forced; `val_accept_greedy` = mean tokens per step greedy verification would commit on
   greedy held-out data, bonus included): {json.dumps(last_eval)}
 """ + self._init_card()
+
+    def _data_description(self) -> str:
+        """What the prompts are: first turns, and where ``relabel-data --later-turns`` made them, later ones."""
+        from .data import META
+
+        later = [d for d in self.data_dirs if (Path(d) / META).exists()
+                 and json.loads((Path(d) / META).read_text())["config"].get("later_turns")]
+        if not later:
+            return "ShareGPT first-turn prompts"
+        return (f"ShareGPT first-turn prompts and, in {', '.join(later)}, later exchanges with the conversation "
+                f"before them as the prompt")
 
     def _init_card(self) -> str:
         """The card of the drafter this run started from (``--init-from``), quoted, so the card tells all stages."""
