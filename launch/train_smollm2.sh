@@ -17,7 +17,7 @@
 #      conversations (--later-turns), features in bf16, then 3500 steps at 2 threads from each stage-4 export,
 #      Domino (lambda = 0) first, then the DFlash baseline (lambda = 1).
 # Then compare them on MT-Bench with bench/acceptance.py --baseline-drafter (see README, Benchmarks).
-#   bash launch/train_smollm2.sh   (the committed run; STEPS1/2/3/4 change the stage lengths)
+#   bash launch/train_smollm2.sh   (the committed run; STEPS1/2/3/4/5 change the stage lengths)
 # Rerunning resumes every run from runs/*/checkpoint.pt.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -497,7 +497,7 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
         from .data import META
 
         later = [d for d in self.data_dirs if (Path(d) / META).exists()
-                 and json.loads((Path(d) / META).read_text())["config"].get("later_turns")]
+                 and json.loads((Path(d) / META).read_text()).get("config", {}).get("later_turns")]
         if not later:
             return "ShareGPT first-turn prompts"
         return (f"ShareGPT first-turn prompts and, in {', '.join(later)}, later exchanges with the conversation "
