@@ -85,9 +85,7 @@ if [ -n "${STAGE5:-}" ]; then
         --features-dir runs/features-bf16 --eval-every 500 --ckpt-every 200 --no-progress \
         --data $DATA1 $DATA2 $DATA3 $DATA4 $DATA5 $DATA6 $DATA7 --max-steps "${STEPS5:-3500}" --lr 3e-4 \
         --init-from "runs/smollm2-$1-b16-stage4" --run-dir "runs/smollm2-$1-b16-stage5" \
-        --out "runs/smollm2-$1-b16-stage5/export" --lambda-const "$2" > "runs/smollm2-$1-b16-stage5.log" 2>&1
-    rm -r "drafters/smollm2-$1-b16" && cp -r "runs/smollm2-$1-b16-stage5/export" "drafters/smollm2-$1-b16"
-    sed -i "1s/.*/# smollm2-$1-b16/" "drafters/smollm2-$1-b16/README.md"  # the card's title: the export folder's name
+        --out "drafters/smollm2-$1-b16" --lambda-const "$2" > "runs/smollm2-$1-b16-stage5.log" 2>&1
   }
   stage5 domino 0
   stage5 dflash 1
