@@ -2,25 +2,32 @@
 
 A decode step verifies ``[bonus, y_1 .. y_{w-1}]``: its *width* ``w`` is 1 for a plain step (no drafting; the
 drafter's context still grows) and up to the drafter's block size. Wider steps can commit more tokens but cost
-more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a large batch the verify
-is compute-bound), so the best width depends on the drafter's acceptance, the batch size and the machine. The
-``adaptive`` policy measures it: for each batch-size bucket (every size below 16, then 16-17, 18-19, ...,
-30-31, 32-35, ...: at most 1/8 wide, because tokens/s grows with the batch size and widths measured at
-different sizes must not be compared) it rates each candidate width by its committed tokens per step over its
-seconds per step, two moving averages: the seconds follow the machine quickly (``alpha``), the tokens slowly
-(``tokens_alpha``), because one step's yield is all or nothing (a width-2 step commits 1 or 2 tokens a row)
-and runs of rejections come in stretches of hard text, which a fast average mistook for a width that no longer
-pays. Widths are measured narrowest first (``warmup`` steps each, their seconds rated by the median, so that the
+more (the head's rollout and the target's verify grow with ``w``, and on a CPU or at a large batch the verify is
+compute-bound), so the best width depends on the drafter's acceptance, the batch size and the machine. The
+``adaptive`` policy measures it: for each batch-size bucket (every size below 16, then 16-17, 18-19, ..., 30-31,
+32-35, ...: at most 1/8 wide, because tokens/s grows with the batch size and widths measured at different sizes
+must not be compared) it rates each candidate width by its committed tokens per step over its seconds per step.
+The seconds are a moving average of the width's own steps (``alpha``: they follow the machine quickly). The
+tokens come from the chain's acceptance: for each draft position k, the share of rows whose k-th draft was
+accepted among those whose k-th draft was verified, so every drafting step, whatever its width, rates every
+narrower width as if it had run (a row commits ``min(commit, v)`` at width v) and the wider ones through the
+positions they share; a position never verified takes the last verified one's share. These shares average over
+rows and steps, a step's weight decaying by ``tokens_alpha`` (3%) per step of the bucket, so that they follow the
+traffic (one request the drafter follows badly, the next well), yet the past never weighs less than
+``min_weight`` (4) steps: one step's outcome is all or nothing, and runs of rejections come in stretches of hard
+text. Widths are measured narrowest first (``warmup`` steps each, their seconds rated by the median, so that the
 one-off costs of a process's first step at a new shape do not count), stopping at the first width slower than a
 narrower one; a width rated ``give_up`` (25%) below the fastest after ``give_up_after`` steps ends its warm-up
 there, since a losing width's steps are what the warm-up costs. The policy runs the fastest (a wider width must
 beat every narrower one by ``margin``, 3%: where widths rate alike, within the noise of a step's timing, the
 narrower and cheaper one runs, plain steps at worst), and now and then runs a neighbour of the fastest (the next
-narrower or wider candidate, in turn) so that the estimates follow the traffic: after ``explore_every`` steps,
-then at intervals that double while the fastest stays the same (up to ``max_explore_every``), so a settled bucket
-spends almost nothing on exploration. Every width commits exactly the target's tokens, so the policy changes
-speed, never output. The SGLang worker keeps one policy per server; the Transformers backend one per
-``speculative_generate`` call unless the caller passes one in to carry what it measured to the next call.
+narrower or wider candidate, in turn) so that the estimates follow the traffic: every ``explore_every`` steps
+while the neighbour rates within ``give_up`` of the fastest (a close call, cheap to probe: plain steps where
+drafting just stopped paying), else at intervals that double while the fastest stays the same (up to
+``max_explore_every``), so a bucket where one width clearly wins spends almost nothing on exploration. Every
+width commits exactly the target's tokens, so the policy changes speed, never output. The SGLang worker keeps one
+policy per server; the Transformers backend one per ``speculative_generate`` call unless the caller passes one in
+to carry what it measured to the next call.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
@@ -102,22 +109,51 @@ def policy_env(policy: str | None = None, max_batch: int | None = None,
 
 
 @dataclass
+class _Average:
+    """A weighted mean whose samples' weights decay by ``keep`` per step of the bucket since they were taken;
+    the past never weighs less than ``floor`` samples (or all of them, while fewer were taken)."""
+    mean: float = 0.0
+    weight: float = 0.0
+    n: int = 0
+    step: int = 0  # the bucket's step count at the last sample
+
+    def add(self, total: float, count: int, step: int, keep: float, floor: float) -> None:
+        """``count`` samples summing to ``total``, taken at ``step``."""
+        if count:
+            self.weight = max(self.weight * keep ** (step - self.step), min(self.n, floor)) + count
+            self.mean += (total - count * self.mean) / self.weight
+            self.n, self.step = self.n + count, step
+
+
+@dataclass
 class _Bucket:
-    tokens: dict = field(default_factory=dict)  # width -> committed tokens per step (slow moving average)
+    accept: dict = field(default_factory=dict)  # k -> _Average: P(draft k accepted | drafts 1..k-1 were)
+    rows: _Average = field(default_factory=_Average)  # rows per step
     seconds: dict = field(default_factory=dict)  # width -> seconds per step (warm-up median, then moving average)
     count: dict = field(default_factory=dict)  # width -> steps measured
     warm: dict = field(default_factory=dict)  # width -> seconds of its warm-up steps (rated by their median)
     steps: int = 0
     explored: int = 0
-    interval: int = 0  # steps between explorations (doubles while the fastest width stays the same)
+    interval: int = 0  # steps between explorations (doubles while the fastest stays and its probe loses clearly)
     next_explore: int = 0
     last_best: int = 0
     shown: int = 0  # the fastest width when this bucket was last reported (0: never)
 
+    def tokens(self, width: int) -> float:
+        """Expected tokens a row commits in a step of ``width``: 1 + sum over k < width of P(drafts 1..k all
+        accepted). A position never verified yet takes the acceptance of the last one that was."""
+        tokens, chain, accept = 1.0, 1.0, 0.0
+        for k in range(1, width):
+            if k in self.accept:
+                accept = self.accept[k].mean
+            chain *= accept
+            tokens += chain
+        return tokens
+
     @property
     def rate(self) -> dict:
-        """width -> committed tokens/s (tokens per step / seconds per step)."""
-        return {w: self.tokens[w] / self.seconds[w] for w in self.tokens}
+        """width -> committed tokens/s (rows x tokens per row / seconds per step)."""
+        return {w: self.rows.mean * self.tokens(w) / self.seconds[w] for w in self.seconds}
 
 
 class DraftPolicy:
@@ -125,12 +161,13 @@ class DraftPolicy:
 
     def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
                  warmup: int = 8, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2,
-                 tokens_alpha: float = 0.05, margin: float = 0.03, give_up: float = 0.25, give_up_after: int = 3):
+                 tokens_alpha: float = 0.03, min_weight: float = 4.0, margin: float = 0.03, give_up: float = 0.25,
+                 give_up_after: int = 3):
         self.mode, self.max_batch = _check_mode(mode, f"draft policy {mode!r}"), max_batch
         self.margin, self.give_up, self.give_up_after = margin, give_up, give_up_after
         self.widths = tuple(sorted(set(widths)))
         self.full = self.widths[-1]
-        self.warmup, self.alpha, self.tokens_alpha = warmup, alpha, tokens_alpha
+        self.warmup, self.alpha, self.tokens_alpha, self.min_weight = warmup, alpha, tokens_alpha, min_weight
         self.explore_every, self.max_explore_every = explore_every, max(explore_every, max_explore_every)
         self.buckets: dict[int, _Bucket] = {}
         self._news = False
@@ -176,12 +213,16 @@ class DraftPolicy:
             b.shown, self._news = best, True
         if b.steps < b.next_explore:
             return best
-        b.interval = min(2 * b.interval, self.max_explore_every) if best == b.last_best else self.explore_every
-        b.last_best, b.next_explore = best, b.steps + b.interval
         i = self.widths.index(best)
         neighbours = self.widths[max(0, i - 1):i] + self.widths[i + 1:i + 2]
         b.explored += 1
-        return neighbours[b.explored % len(neighbours)]
+        probe = neighbours[b.explored % len(neighbours)]
+        rate = b.rate
+        close = probe not in rate or rate[probe] >= (1 - self.give_up) * rate[best]
+        b.interval = (min(2 * b.interval, self.max_explore_every) if best == b.last_best and not close
+                      else self.explore_every)
+        b.last_best, b.next_explore = best, b.steps + b.interval
+        return probe
 
     def _fastest(self, b: _Bucket) -> int | None:
         """The narrowest width within ``margin`` of the highest rate (None before any measurement)."""
@@ -191,15 +232,25 @@ class DraftPolicy:
         top = max(rate.values())
         return min(w for w, r in rate.items() if r >= top * (1 - self.margin))
 
-    def record(self, batch_size: int, width: int, tokens: int, seconds: float) -> None:
-        """One finished decode step of ``width``: ``tokens`` committed over the batch in ``seconds``."""
-        if self.mode == "always" or seconds <= 0:
-            return
+    def record(self, batch_size: int, width: int, commits, seconds: float) -> None:
+        """One finished decode step of ``width`` that took ``seconds``; ``commits``: the tokens it committed per
+        row (each 1..width). At a narrower width ``v`` a row would have committed ``min(commit, v)`` (the
+        chain's first ``v`` tokens verify alike at any width), so a step rates the yield of every narrower width
+        too: a width that ran long ago is known as well as the widest width run since."""
+        if self.mode == "always" or seconds <= 0 or width not in self.widths:  # e.g. a plain step forced by
+            return  # the request's options where the candidates lack width 1: nothing to rate
         b = self.buckets.setdefault(self.bucket(batch_size), _Bucket())
+        keep, floor = 1 - self.tokens_alpha, self.min_weight * batch_size
+        b.rows.add(batch_size, 1, b.steps, keep, self.min_weight)
+        reached = [0] * (width + 1)  # reached[k]: rows whose draft k was verified (commit >= k)
+        for c in commits:
+            reached[min(c, width)] += 1
+        for k in range(width - 1, 0, -1):
+            reached[k] += reached[k + 1]
+        for k in range(1, width):  # draft k accepted where the row committed more than k tokens
+            b.accept.setdefault(k, _Average()).add(reached[k + 1], reached[k], b.steps, keep, floor)
+        # seconds: the warm-up's median, then a moving average of the width's own steps
         n = b.count.get(width, 0)
-        # yields: averaged plainly at first, later exponentially; seconds: the warm-up's median, then the same
-        a = max(self.tokens_alpha, 1.0 / (n + 1))
-        b.tokens[width] = tokens if n == 0 else (1 - a) * b.tokens[width] + a * tokens
         if n < self.warmup:
             b.warm.setdefault(width, []).append(seconds)
             b.seconds[width] = statistics.median(b.warm[width])

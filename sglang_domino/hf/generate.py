@@ -213,7 +213,7 @@ def speculative_generate(
             # a step cut short by max_new_tokens, or one that paid for few-row linear trials, says little
             # about its width
             if n == width - 1 and trial_calls() == trials:
-                policy.record(1, width, a + 1, t3 - t0)
+                policy.record(1, width, [a + 1], t3 - t0)
             if n > 0:
                 stats.time_backbone += t1 - t0
                 stats.time_head += t2 - t1

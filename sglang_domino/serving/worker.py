@@ -232,7 +232,7 @@ class DominoWorker(BaseSpecWorker):
         seconds = time.perf_counter() - t_start - self.context.backlog_seconds(bs * width)
         trials, self._trials_seen = self._trials_seen, trial_calls()
         if trials == self._trials_seen:
-            self.policy.record(bs, width, bs if width == 1 else int(commit.sum()), seconds)
+            self.policy.record(bs, width, commit.tolist(), seconds)
         self.steps += 1
         if self.policy.pop_news() or self.steps % 2000 == 0:
             logger.info("DOMINO draft policy: %s", self.policy.describe())
