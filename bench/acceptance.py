@@ -6,7 +6,8 @@ Methods: ``plain`` (the target alone), ``domino`` (the drafter, backbone + head)
 drafter with the head switched off) and, with ``--baseline-drafter``, ``dflash`` (a drafter trained with
 lambda = 1, backbone only: the same-budget baseline) and, with ``--previous-drafter``, ``previous`` (another
 Domino drafter, head on: an earlier training stage, to compare stages in one run). Writes
-``bench/results/<name>.json`` and a Markdown table beside it.
+``bench/results/<name>.json`` (with each prompt's committed tokens and steps, and a 95% paired-bootstrap interval
+over prompts for the Domino / DFlash and Domino / previous tau ratios) and a Markdown table beside it.
 
     python bench/acceptance.py --drafter drafters/smollm2-domino-b16 --mtbench 20 --sharegpt 10
     python bench/acceptance.py --drafter D --baseline-drafter B --methods plain domino dflash --temperatures 0
@@ -16,6 +17,7 @@ Domino drafter, head on: an earlier training stage, to compare stages in one run
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -57,12 +59,25 @@ def summarise(runs: list) -> dict:
         widths = [w for s in runs for w in s.widths]
         out.update(
             steps=steps, tau=round(committed / steps, 3),
+            per_prompt=[[sum(a + 1 for a in s.accept_lens), s.steps] for s in runs],  # committed, steps
             widths={w: widths.count(w) for w in sorted(set(widths))},
             ms_per_step_backbone=round(1e3 * sum(s.time_backbone for s in runs) / steps, 3),
             ms_per_step_head=round(1e3 * sum(s.time_head for s in runs) / steps, 3),
             ms_per_step_verify=round(1e3 * sum(s.time_verify for s in runs) / steps, 3),
         )
     return out
+
+
+def tau_ratio_interval(num: list, den: list, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% paired-bootstrap interval of tau(num) / tau(den), resampling prompts. num, den: per prompt (in the same
+    order) (committed tokens, decode steps); tau = sum of committed / sum of steps over the resampled prompts."""
+    rng, n, ratios = random.Random(seed), len(num), []
+    for _ in range(draws):
+        pick = [rng.randrange(n) for _ in range(n)]
+        (c1, s1), (c2, s2) = ([sum(runs[i][j] for i in pick) for j in (0, 1)] for runs in (num, den))
+        ratios.append(c1 * s2 / (s1 * c2))
+    ratios.sort()
+    return round(ratios[int(0.025 * draws)], 3), round(ratios[int(0.975 * draws) - 1], 3)
 
 
 def table(rows: list[dict]) -> str:
@@ -142,23 +157,32 @@ def main(argv=None) -> None:
                   for r in domino if r["ms_per_step_backbone"]}
     md = table(rows)
     by_cell = {(r["dataset"], r["temperature"], r["method"]): r for r in rows}
-    tau_over_dflash = {f"{d}@T={t}": round(r["tau"] / by_cell[(d, t, "dflash")]["tau"], 3)
-                       for (d, t, m), r in by_cell.items() if m == "domino" and (d, t, "dflash") in by_cell}
-    tau_over_previous = {f"{d}@T={t}": round(r["tau"] / by_cell[(d, t, "previous")]["tau"], 3)
-                         for (d, t, m), r in by_cell.items() if m == "domino" and (d, t, "previous") in by_cell}
+    def over(other: str) -> tuple[dict, dict]:
+        """Domino tau / ``other``'s tau per cell, and its 95% bootstrap interval over the prompts."""
+        point, interval = {}, {}
+        for (d, t, m), r in by_cell.items():
+            o = by_cell.get((d, t, other))
+            if m == "domino" and "steps" in r and o:
+                point[f"{d}@T={t}"] = round(r["tau"] / o["tau"], 3)
+                interval[f"{d}@T={t}"] = tau_ratio_interval(r["per_prompt"], o["per_prompt"])
+        return point, interval
+
+    (tau_over_dflash, dflash_ci), (tau_over_previous, previous_ci) = over("dflash"), over("previous")
     payload = {"target": args.model, "drafter": drafter_name, "baseline_drafter": args.baseline_drafter,
                "previous_drafter": args.previous_drafter, "domino_tau_over_previous_tau": tau_over_previous,
                "dtype": args.dtype, "block_size": block, "policy": args.policy,
                "max_new_tokens": args.max_new_tokens, "head_cost_over_backbone": head_share,
-               "domino_tau_over_dflash_tau": tau_over_dflash, "results": rows, "table": md}
+               "domino_tau_over_dflash_tau": tau_over_dflash,
+               "domino_tau_over_dflash_tau_95ci": dflash_ci, "domino_tau_over_previous_tau_95ci": previous_ci,
+               "results": rows, "table": md}
     path = write_result(args.name, payload)
     path.with_suffix(".md").write_text(md + "\n")
     print(md)
     print(f"head cost / backbone cost per draft step: {head_share}")
     if tau_over_dflash:
-        print(f"Domino tau / DFlash tau: {tau_over_dflash}")
+        print(f"Domino tau / DFlash tau: {tau_over_dflash} (95% bootstrap over prompts: {dflash_ci})")
     if tau_over_previous:
-        print(f"Domino tau / previous drafter's tau: {tau_over_previous}")
+        print(f"Domino tau / previous drafter's tau: {tau_over_previous} (95%: {previous_ci})")
     print(f"wrote {path}")
 
 
