@@ -20,14 +20,17 @@ one-off costs of a process's first step at a new shape do not count), stopping a
 narrower one; a width rated ``give_up`` (25%) below the fastest after ``give_up_after`` steps ends its warm-up
 there, since a losing width's steps are what the warm-up costs. The policy runs the fastest (a wider width must
 beat every narrower one by ``margin``, 3%: where widths rate alike, within the noise of a step's timing, the
-narrower and cheaper one runs, plain steps at worst), and now and then runs a neighbour of the fastest (the next
-narrower or wider candidate, in turn) so that the estimates follow the traffic: every ``explore_every`` steps
-while the neighbour rates within ``give_up`` of the fastest (a close call, cheap to probe: plain steps where
-drafting just stopped paying), else at intervals that double while the fastest stays the same (up to
-``max_explore_every``), so a bucket where one width clearly wins spends almost nothing on exploration. Every
-width commits exactly the target's tokens, so the policy changes speed, never output. The SGLang worker keeps one
-policy per server; the Transformers backend one per ``speculative_generate`` call unless the caller passes one in
-to carry what it measured to the next call.
+narrower and cheaper one runs, plain steps at worst) and keeps it until another beats it by the margin, since a
+change of width costs a step (on a 2-core CPU ~10 ms: the drafter's weights back in cache, the context rows
+queued by plain steps); so that this cost does not count against a width, the first step after a change updates
+the yields only. Now and then the policy probes a neighbour of the width it runs (the next narrower or wider
+candidate, in turn; ``probe_steps`` = 2 steps, the second timed) so that the estimates follow the traffic: every
+``explore_every`` steps while the neighbour rates within ``give_up`` of the fastest (a close call, cheap to
+probe: plain steps where drafting just stopped paying), else at intervals that double while the fastest stays the
+same (up to ``max_explore_every``), so a bucket where one width clearly wins spends almost nothing on
+exploration. Every width commits exactly the target's tokens, so the policy changes speed, never output. The
+SGLang worker keeps one policy per server; the Transformers backend one per ``speculative_generate`` call unless
+the caller passes one in to carry what it measured to the next call.
 
     SGLANG_DOMINO_DRAFT_POLICY     adaptive (default) | always (the widest candidate at every step)
     SGLANG_DOMINO_DRAFT_WIDTHS     candidate widths, e.g. "1,4,16" (default: 1, 2, 4, 8 and the full width)
@@ -133,6 +136,9 @@ class _Bucket:
     count: dict = field(default_factory=dict)  # width -> steps measured
     warm: dict = field(default_factory=dict)  # width -> seconds of its warm-up steps (rated by their median)
     steps: int = 0
+    current: int = 0  # the width the policy runs (0: none yet)
+    last: int = 0  # the width of the last step recorded
+    probe: tuple = (0, 0)  # (width, steps left) of an exploration in progress
     explored: int = 0
     interval: int = 0  # steps between explorations (doubles while the fastest stays and its probe loses clearly)
     next_explore: int = 0
@@ -162,9 +168,9 @@ class DraftPolicy:
     def __init__(self, mode: str = "adaptive", max_batch: int = 0, widths: tuple[int, ...] = (1, 16),
                  warmup: int = 8, explore_every: int = 40, max_explore_every: int = 320, alpha: float = 0.2,
                  tokens_alpha: float = 0.03, min_weight: float = 4.0, margin: float = 0.03, give_up: float = 0.25,
-                 give_up_after: int = 3):
+                 give_up_after: int = 3, probe_steps: int = 2):
         self.mode, self.max_batch = _check_mode(mode, f"draft policy {mode!r}"), max_batch
-        self.margin, self.give_up, self.give_up_after = margin, give_up, give_up_after
+        self.margin, self.give_up, self.give_up_after, self.probe_steps = margin, give_up, give_up_after, probe_steps
         self.widths = tuple(sorted(set(widths)))
         self.full = self.widths[-1]
         self.warmup, self.alpha, self.tokens_alpha, self.min_weight = warmup, alpha, tokens_alpha, min_weight
@@ -209,19 +215,26 @@ class DraftPolicy:
         best = self._fastest(b)
         if pending is not None and (not measured or (pending > measured[-1] and best == measured[-1])):
             return pending
+        rate = b.rate
+        if b.current not in rate or rate[b.current] < (1 - self.margin) * max(rate.values()):
+            b.current = best  # switch only when the width running now lost by the margin (switching costs)
+        best = b.current
         if best != b.shown and b.count[best] >= self.warmup:  # a new fastest width, measured: worth a log line
             b.shown, self._news = best, True
+        if b.probe[1]:
+            b.probe = (b.probe[0], b.probe[1] - 1)
+            return b.probe[0]
         if b.steps < b.next_explore:
             return best
         i = self.widths.index(best)
         neighbours = self.widths[max(0, i - 1):i] + self.widths[i + 1:i + 2]
         b.explored += 1
         probe = neighbours[b.explored % len(neighbours)]
-        rate = b.rate
         close = probe not in rate or rate[probe] >= (1 - self.give_up) * rate[best]
         b.interval = (min(2 * b.interval, self.max_explore_every) if best == b.last_best and not close
                       else self.explore_every)
         b.last_best, b.next_explore = best, b.steps + b.interval
+        b.probe = (probe, self.probe_steps - 1)
         return probe
 
     def _fastest(self, b: _Bucket) -> int | None:
@@ -249,12 +262,13 @@ class DraftPolicy:
             reached[k] += reached[k + 1]
         for k in range(1, width):  # draft k accepted where the row committed more than k tokens
             b.accept.setdefault(k, _Average()).add(reached[k + 1], reached[k], b.steps, keep, floor)
-        # seconds: the warm-up's median, then a moving average of the width's own steps
-        n = b.count.get(width, 0)
+        # seconds: the warm-up's median, then a moving average of the width's own steps that followed a step of
+        # the same width (the first step after another width pays for the switch: caches, context backlog)
+        n, after, b.last = b.count.get(width, 0), b.last, width
         if n < self.warmup:
             b.warm.setdefault(width, []).append(seconds)
             b.seconds[width] = statistics.median(b.warm[width])
-        else:
+        elif after == width:
             b.seconds[width] = (1 - self.alpha) * b.seconds[width] + self.alpha * seconds
         b.count[width] = n + 1
         if self.give_up_after <= n + 1 < self.warmup:  # in warm-up: end it where the width is clearly slower

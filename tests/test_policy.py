@@ -24,10 +24,11 @@ def test_adaptive_picks_the_fastest_width_per_batch_bucket():
     policy = DraftPolicy("adaptive", widths=(1, 4, 16))
     frac = simulate(policy, {1: {1: 20.0, 4: 30.0, 16: 25.0}, 4: {1: 60.0, 4: 50.0, 16: 30.0},
                              16: {1: 200.0, 4: 100.0, 16: 50.0}}, 800)
-    assert frac[1][4] > 0.95  # width 4 is fastest at batch 1
-    assert frac[4][1] > 0.95 and frac[16][1] > 0.95  # plain steps win at larger batches
-    for bs, neighbours in ((1, (1, 16)), (4, (4,)), (16, (4,))):  # the fastest's neighbours now and then
-        assert all(0.0 < frac[bs].get(w, 0.0) < 0.05 for w in neighbours)
+    assert frac[1][4] > 0.9  # width 4 is fastest at batch 1
+    assert frac[4][1] > 0.9 and frac[16][1] > 0.9  # plain steps win at larger batches
+    # the fastest's neighbours now and then: 2 steps in 40 while within 25% of the fastest (+ warm-up)
+    for bs, neighbours in ((1, (1, 16)), (4, (4,)), (16, (4,))):
+        assert all(0.0 < frac[bs].get(w, 0.0) < 0.07 for w in neighbours)
     assert 16 not in frac[16]  # width 4 lost at warm-up, so 16 (not a neighbour of 1) is never run
 
 
@@ -35,7 +36,7 @@ def test_exploration_backs_off_while_the_fastest_stays():
     policy = DraftPolicy("adaptive", widths=(1, 4, 16), explore_every=40, max_explore_every=320)
     frac = simulate(policy, {16: {1: 200.0, 4: 100.0, 16: 50.0}}, 4000)
     b = policy.buckets[DraftPolicy.bucket(16)]
-    assert b.interval == 320 and frac[16].get(4, 0) < 0.006  # ~1/320 after the back-off, + 8 warm-up steps
+    assert b.interval == 320 and frac[16].get(4, 0) < 0.009  # 2 steps per 320 after the back-off, + 8 warm-up
 
 
 def test_warm_up_goes_wider_only_while_wider_is_faster():
@@ -50,11 +51,11 @@ def test_warm_up_goes_wider_only_while_wider_is_faster():
 def test_a_wider_width_must_win_by_the_margin():
     policy = DraftPolicy("adaptive", widths=(1, 2, 4), margin=0.03)
     frac = simulate(policy, {16: {1: 100.0, 2: 102.0, 4: 80.0}, 1: {1: 10.0, 2: 11.0, 4: 10.5}}, 800)
-    assert frac[16][1] > 0.95  # width 2 is 2% faster: within the margin, the plain step runs
+    assert frac[16][1] > 0.92  # width 2 is 2% faster: within the margin, the plain step runs
     assert 4 not in frac[16]  # and the warm-up stopped at width 2
-    assert frac[1][2] > 0.95  # 10% faster: drafting runs
+    assert frac[1][2] > 0.92  # 10% faster: drafting runs
     frac = simulate(DraftPolicy("adaptive", widths=(1, 2, 4), margin=0.0), {16: {1: 100.0, 2: 102.0, 4: 80.0}}, 800)
-    assert frac[16][2] > 0.95
+    assert frac[16][2] > 0.92
 
 
 def test_adaptive_follows_a_change_in_acceptance():
@@ -158,9 +159,9 @@ def test_a_first_step_outlier_does_not_misrank_a_width():
 def test_a_clearly_losing_width_ends_its_warm_up_early():
     policy = DraftPolicy("adaptive", widths=(1, 2, 4), give_up=0.25, give_up_after=3)
     frac = simulate(policy, {1: {1: 20.0, 2: 26.0, 4: 12.0}, 2: {1: 40.0, 2: 38.0, 4: 20.0}}, 100)
-    # warm-up steps + explorations (steps 40 and 80, each taking one of the fastest's neighbours in turn)
+    # warm-up steps + explorations (2 steps at 40 and at 80, each probing one of the fastest's neighbours in turn)
     assert 0.03 <= frac[1][4] <= 0.05  # 3 warm-up steps: 40% below width 2
-    assert 0.08 <= frac[2][2] <= 0.10  # within 25% of plain steps: the full 8
+    assert 0.08 <= frac[2][2] <= 0.12  # within 25% of plain steps: the full 8
     assert max(frac[1], key=frac[1].get) == 2 and max(frac[2], key=frac[2].get) == 1
 
 
@@ -198,19 +199,18 @@ def run_all_or_nothing(policy: DraftPolicy, steps: int, seed: int = 0) -> float:
 
 
 def test_all_or_nothing_yields_do_not_mislead_the_policy():
-    """Rated on a fast average of tokens/s (the former way), stretches of rejections made width 2 look no
-    better than plain steps and the policy fell back to them; the slow average of tokens per step does not."""
+    """Rated on a fast average of tokens/s (a former way), stretches of rejections made width 2 look no better
+    than plain steps and the policy fell back to them (4-19% of the steps at width 2)."""
     assert min(run_all_or_nothing(DraftPolicy("adaptive", widths=(1, 2)), 3000, seed) for seed in range(5)) > 0.9
-    former = DraftPolicy("adaptive", widths=(1, 2), warmup=3, tokens_alpha=0.2)
-    assert run_all_or_nothing(former, 3000) < 0.8
 
 
 COST = {1: 0.066, 2: 0.076, 4: 0.100, 8: 0.130, 16: 0.25}  # seconds per step at batch 1 (about this CPU's)
 
 
-def run_chains(policy, accept, steps: int, seed: int = 0) -> tuple[list, float]:
+def run_chains(policy, accept, steps: int, seed: int = 0, switch: float = 0.0) -> tuple[list, float]:
     """Batch 1, each draft accepted with probability ``accept(step, rng)`` until the first rejection, step
-    times COST[width] +-7%. Returns (the width of each step, committed tokens/s); ``policy`` may be a width."""
+    times COST[width] +-7%, + ``switch`` seconds where the width differs from the step before. Returns (the
+    width of each step, committed tokens/s); ``policy`` may be a width."""
     import random
 
     rng, widths, tokens, seconds = random.Random(seed), [], 0, 0.0
@@ -219,7 +219,7 @@ def run_chains(policy, accept, steps: int, seed: int = 0) -> tuple[list, float]:
         p, c = accept(t, rng), 1
         while c < w and rng.random() < p:
             c += 1
-        s = COST[w] * rng.uniform(0.93, 1.07)
+        s = COST[w] * rng.uniform(0.93, 1.07) + (switch if widths and w != widths[-1] else 0.0)
         if not isinstance(policy, int):
             policy.record(1, w, [c], s)
         widths, tokens, seconds = widths + [w], tokens + c, seconds + s
@@ -272,3 +272,21 @@ def test_adaptive_keeps_up_with_the_best_fixed_width():
         for seed in range(3):
             _, rate = run_chains(DraftPolicy("adaptive", widths=tuple(COST)), traffic(levels), 2048, seed)
             assert rate >= share * best, (levels, seed, rate / best)
+
+
+def test_the_cost_of_switching_widths_is_not_charged_to_the_width():
+    """The first step after a change of width pays for the change (on this CPU ~10 ms: the drafter's weights
+    back in cache, the context rows queued by plain steps). Charged to the width, it made each probe of width 2
+    look slow while plain steps ran, so after a stretch of text the drafter could not follow the policy kept
+    plain steps. Width 2 here costs 1.18x a plain step and commits 1.3 tokens (10% more tokens/s), as at c = 1."""
+    policy, widths = DraftPolicy("adaptive", widths=(1, 2)), []
+    for t in range(1500):
+        w = policy.width(1)
+        hard = 100 <= t < 300  # no draft accepted
+        commit = 2 if w == 2 and not hard and t % 10 in (0, 3, 6) else 1
+        seconds = {1: 0.0794, 2: 0.094}[w] + (0.010 if widths and w != widths[-1] else 0.0)
+        policy.record(1, w, [commit], seconds)
+        widths.append(w)
+    assert widths[250:300].count(1) > 40  # plain steps while no draft is accepted
+    assert widths[700:].count(2) > 0.9 * len(widths[700:])  # and drafting again once drafts pay
+    assert policy.buckets[1].seconds[2] == pytest.approx(0.094)
