@@ -157,6 +157,7 @@ def main(argv=None) -> None:
                   for r in domino if r["ms_per_step_backbone"]}
     md = table(rows)
     by_cell = {(r["dataset"], r["temperature"], r["method"]): r for r in rows}
+
     def over(other: str) -> tuple[dict, dict]:
         """Domino tau / ``other``'s tau per cell, and its 95% bootstrap interval over the prompts."""
         point, interval = {}, {}
