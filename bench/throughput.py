@@ -8,8 +8,10 @@ each concurrency level, a fixed set of prompts (MT-Bench first turns + held-out 
 template applied by the server) is sent through /generate with streaming, a fixed output length
 (ignore_eos) and greedy decoding unless --temperature is given. Per level it records output tok/s,
 TTFT, inter-token latency (ITL = (e2e - TTFT) / (tokens - 1) per request), e2e p50/p99 and the
-accept length that SGLang reports in each response's meta_info. On a CPU the JSON also records, per server,
-the few-row linear's choices from its log (``linear_verdicts``).
+accept length that SGLang reports in each response's meta_info, and each round's output tok/s; with a
+baseline among the kinds, every other kind's tok/s over the baseline's, overall and round by round (a round of
+each kind runs side by side, so the spread of these paired ratios shows how far one run's ratio can be trusted).
+On a CPU the JSON also records, per server, the few-row linear's choices from its log (``linear_verdicts``).
 
     python bench/throughput.py --draft drafters/smollm2-domino --concurrency 1 2 4 8 16 32
     python bench/throughput.py --draft D --kinds baseline domino ngram --output-len 128 --requests 32
@@ -113,6 +115,20 @@ def summarize(concurrency: int, results: list[dict], wall: float) -> dict:
         "e2e_p50_s": pct([r["e2e"] for r in results], 0.5), "e2e_p99_s": pct([r["e2e"] for r in results], 0.99),
         "accept_length_mean": statistics.mean(acc) if acc else None,
     }
+
+
+def add_ratios(rows: list[dict], reference: str = "baseline") -> None:
+    """Give each row of another kind ``vs_<reference>``: its output tok/s over the reference kind's at the same
+    concurrency, and ``vs_<reference>_rounds``: the same per round, paired by round (``output_tok_s_rounds``: one
+    entry per round, None where the kind did not run)."""
+    ref = {r["concurrency"]: r for r in rows if r["kind"] == reference}
+    for row in rows:
+        base = ref.get(row["concurrency"])
+        if base is None or row is base:
+            continue
+        row[f"vs_{reference}"] = row["output_tok_s"] / base["output_tok_s"]
+        row[f"vs_{reference}_rounds"] = [a / b if a and b else None  # None: a round one of them missed
+                                         for a, b in zip(row["output_tok_s_rounds"], base["output_tok_s_rounds"])]
 
 
 def plot(rows: list[dict], path: Path) -> Path | None:
@@ -243,6 +259,7 @@ def main(argv=None) -> int:
     bar = tqdm(total=total_reqs, desc="requests", unit="req")
     results = {(k, c): [] for k in args.kinds for c in args.concurrency}
     wall = dict.fromkeys(results, 0.0)
+    per_round = {key: {} for key in results}  # (kind, c) -> round -> output tok/s
     servers_info = {}
     for kinds, rounds in sessions:
         live = {}
@@ -267,6 +284,7 @@ def main(argv=None) -> int:
                         res, w = run_requests(live[kind].url, texts_for(c), c, args.output_len, sampling, bar)
                         results[kind, c] += res
                         wall[kind, c] += w
+                        per_round[kind, c][r] = sum(x["tokens"] for x in res) / w
         finally:
             for server in live.values():
                 server.stop()
@@ -278,11 +296,18 @@ def main(argv=None) -> int:
     for c in args.concurrency:
         for kind in args.kinds:
             if results[kind, c]:
-                row = {"kind": kind, **summarize(c, results[kind, c], wall[kind, c])}
-                rows.append(row)
-                print(f"{kind:8s} c={c:3d}  {row['output_tok_s']:8.2f} tok/s  ttft p50 {row['ttft_p50_s']:.2f}s  "
-                      f"itl p50 {row['itl_p50_s'] * 1000:.0f}ms  e2e p50/p99 {row['e2e_p50_s']:.1f}/"
-                      f"{row['e2e_p99_s']:.1f}s  accept {row['accept_length_mean']}")
+                rounds = per_round[kind, c]
+                rows.append({"kind": kind, **summarize(c, results[kind, c], wall[kind, c]),
+                             "output_tok_s_rounds": [rounds.get(r) for r in range(args.rounds)]})
+    add_ratios(rows)
+    for row in rows:
+        ratio = ""
+        if "vs_baseline" in row:
+            spread = [x for x in row["vs_baseline_rounds"] if x is not None] or [float("nan")]
+            ratio = f"  {row['vs_baseline']:.2f}x baseline (rounds {min(spread):.2f}-{max(spread):.2f}x)"
+        print(f"{row['kind']:8s} c={row['concurrency']:3d}  {row['output_tok_s']:8.2f} tok/s{ratio}  ttft p50 "
+              f"{row['ttft_p50_s']:.2f}s  itl p50 {row['itl_p50_s'] * 1000:.0f}ms  e2e p50/p99 {row['e2e_p50_s']:.1f}/"
+              f"{row['e2e_p99_s']:.1f}s  accept {row['accept_length_mean']}")
 
     info = run_info()
     payload = {**info, "device": device, "model": args.model, "draft": args.draft, "output_len": args.output_len,
@@ -295,10 +320,11 @@ def main(argv=None) -> int:
     with open(csv_path, "w", newline="") as f:
         f.write(f"# command: {info['command']}\n# commit: {info['commit']}\n# machine: {json.dumps(info['machine'])}\n"
                 f"# date: {info['date']}\n")
-        if rows:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if rows:  # per-round lists as space-separated values; the baseline's rows have no ratio columns
+            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
             w.writeheader()
-            w.writerows(rows)
+            w.writerows({k: " ".join("-" if x is None else f"{x:.4g}" for x in v) if isinstance(v, list) else v for k, v in row.items()}
+                        for row in rows)
     png = plot(rows, RESULTS / f"{name}.png") if rows else None
     print(json.dumps({"json": str(json_path), "csv": str(csv_path), "png": str(png) if png else None}))
     return 0
