@@ -296,9 +296,9 @@ def main(argv=None) -> int:
     for c in args.concurrency:
         for kind in args.kinds:
             if results[kind, c]:
-                rounds = per_round[kind, c]
+                by_round = per_round[kind, c]
                 rows.append({"kind": kind, **summarize(c, results[kind, c], wall[kind, c]),
-                             "output_tok_s_rounds": [rounds.get(r) for r in range(args.rounds)]})
+                             "output_tok_s_rounds": [by_round.get(r) for r in range(args.rounds)]})
     add_ratios(rows)
     for row in rows:
         ratio = ""
@@ -323,8 +323,10 @@ def main(argv=None) -> int:
         if rows:  # per-round lists as space-separated values; the baseline's rows have no ratio columns
             w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
             w.writeheader()
-            w.writerows({k: " ".join("-" if x is None else f"{x:.4g}" for x in v) if isinstance(v, list) else v for k, v in row.items()}
-                        for row in rows)
+            def cell(v):
+                return " ".join("-" if x is None else f"{x:.4g}" for x in v) if isinstance(v, list) else v
+
+            w.writerows({k: cell(v) for k, v in row.items()} for row in rows)
     png = plot(rows, RESULTS / f"{name}.png") if rows else None
     print(json.dumps({"json": str(json_path), "csv": str(csv_path), "png": str(png) if png else None}))
     return 0
