@@ -131,6 +131,13 @@ def add_ratios(rows: list[dict], reference: str = "baseline") -> None:
                                          for a, b in zip(row["output_tok_s_rounds"], base["output_tok_s_rounds"])]
 
 
+def csv_cell(value):
+    """A CSV cell: a per-round list as space-separated values ("-" for a round that did not run)."""
+    if isinstance(value, list):
+        return " ".join("-" if x is None else f"{x:.4g}" for x in value)
+    return value
+
+
 def plot(rows: list[dict], path: Path) -> Path | None:
     try:
         import matplotlib
@@ -320,13 +327,10 @@ def main(argv=None) -> int:
     with open(csv_path, "w", newline="") as f:
         f.write(f"# command: {info['command']}\n# commit: {info['commit']}\n# machine: {json.dumps(info['machine'])}\n"
                 f"# date: {info['date']}\n")
-        if rows:  # per-round lists as space-separated values; the baseline's rows have no ratio columns
+        if rows:  # the baseline's rows have no ratio columns
             w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
             w.writeheader()
-            def cell(v):
-                return " ".join("-" if x is None else f"{x:.4g}" for x in v) if isinstance(v, list) else v
-
-            w.writerows({k: cell(v) for k, v in row.items()} for row in rows)
+            w.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     png = plot(rows, RESULTS / f"{name}.png") if rows else None
     print(json.dumps({"json": str(json_path), "csv": str(csv_path), "png": str(png) if png else None}))
     return 0
