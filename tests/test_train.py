@@ -370,6 +370,17 @@ def test_more_data_folders_keep_the_split_and_use_each_prompt_once(target, tmp_p
     assert f"in {tmp_path / 'b'}, later exchanges with the conversation before them" in both.model_card()
 
 
+def test_heldout_split_does_not_depend_on_the_seed(target, tmp_path):
+    """A later stage run with another --seed keeps the held-out conversations out of its training set."""
+    exs = make_examples(40)
+    a = Trainer(small_cfg(tmp_path / "a", seed=0), target=target, examples=exs)
+    b = Trainer(small_cfg(tmp_path / "b", seed=1), target=target, examples=exs)
+    assert [e["id"] for e in a.val] == [e["id"] for e in b.val]
+    assert not {e["id"] for e in b.val} & {e["id"] for e in b.train_set}
+    ids = [[e["id"] for e in t.batch_for_step(0)[0]] for t in (a, b)]
+    assert ids[0] != ids[1]  # the seed still changes the data order
+
+
 def test_relabelled_examples_train_with_their_labels(target, tmp_path):
     """Relabelled examples: their label tokens join the loss vocabulary and training runs on them."""
     exs = make_examples(12)

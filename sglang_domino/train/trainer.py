@@ -36,6 +36,7 @@ from .warm_start import copy_target_layers
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
+SPLIT_SEED = 0  # the held-out split's seed, the same for every run (seed 0 runs drew it from their own seed)
 
 
 @dataclass
@@ -181,8 +182,9 @@ class Trainer:
         examples = self._usable(examples)
         if not examples:
             raise ValueError("no usable training examples")
-        # The held-out split depends on the first folder only: adding folders keeps it (and never leaks into it).
-        order = torch.randperm(len(examples), generator=_seeded(cfg.seed, 999)).tolist()
+        # The held-out split depends on the first folder only, never on --seed: adding folders or continuing a
+        # drafter with another seed keeps it (so it never leaks into training).
+        order = torch.randperm(len(examples), generator=_seeded(SPLIT_SEED, 999)).tolist()
         n_val = min(cfg.val_examples, len(examples) // 10)
         self.val = [examples[i] for i in order[:n_val]]
         more = self._usable(load_more_examples(self.data_dirs[1:], seen=examples))
@@ -581,7 +583,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grad-clip", type=float, default=d.grad_clip)
     g.add_argument("--max-seq-len", type=int, default=d.max_seq_len)
     g.add_argument("--val-examples", type=int, default=d.val_examples)
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--seed", type=int, default=d.seed,
+                   help="initialisation, data order, anchors and negatives (never the held-out split)")
     g = p.add_argument_group("runtime")
     g.add_argument("--device", default=d.device, help="auto, cpu, cuda")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
