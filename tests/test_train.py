@@ -201,23 +201,6 @@ def test_blocks_see_only_their_own_past(target):
 
 
 @torch.no_grad()
-def test_first_n_predictions_are_the_full_blocks_first_columns(target):
-    """block_logits(n_pred=n) gives the first n predictions of the whole-block forward (up to the rounding of a
-    matrix product over fewer rows)."""
-    drafter = random_head_drafter(target, seed=2)
-    frozen = Frozen.from_target(target)
-    ids = [e["input_ids"].long() for e in make_examples(2, length=30)]
-    batch = build_blocks(ids, [torch.tensor([8, 15]), torch.tensor([11])], 8, drafter.config.mask_token_id)
-    feats = _pad(_features(target, ids, drafter.config.target_layer_ids))
-    base, final = block_logits(drafter, frozen, batch, feats)
-    for n in (1, 3, 7):
-        b, f = block_logits(drafter, frozen, batch, feats, n_pred=n)
-        assert b.shape[1] == f.shape[1] == n
-        torch.testing.assert_close(b, base[:, :n], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(f, final[:, :n], rtol=1e-5, atol=1e-5)
-
-
-@torch.no_grad()
 def test_teacher_forcing_matches_rollout(target):
     """Along the drafted chain, teacher-forced final logits pick exactly the rollout's tokens."""
     drafter = random_head_drafter(target, seed=3)
@@ -409,26 +392,6 @@ def test_short_run_lowers_loss(target, tmp_path):
     assert steps[0]["lambda"] > 0.5 and steps[-1]["lambda"] == 0.0
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert tr.best_val is not None and load_drafter(tmp_path / "run" / "best", target.config) is not None
-
-
-def test_loss_positions_trains_on_the_first_predictions_only(target, tmp_path):
-    """--loss-positions n: the step's loss is the curriculum loss of the first n predictions (weights cut to n);
-    the model card says so; n outside 1 .. B-1 is refused."""
-    exs = make_examples(24)
-    tr = Trainer(small_cfg(tmp_path, max_steps=2, loss_positions=3, lambda_const=0.25), target=target, examples=exs)
-    ref = Trainer(small_cfg(tmp_path / "ref", max_steps=2, lambda_const=0.25), target=target, examples=exs)
-    batch_exs, anchors = ref.batch_for_step(0)
-    with torch.no_grad():
-        base, final, batch = ref._forward(batch_exs, anchors, True, ref.frozen)
-        want, _ = curriculum_loss(base[:, :3], final[:, :3], batch.labels[:, :3], ref.weights[:3], 0.25)
-    got = tr.train_step()
-    assert got["loss"] == pytest.approx(float(want), rel=1e-5)
-    assert got["n_tok"] == int((batch.labels[:, :3] != IGNORE).sum())
-    tr.run()
-    assert "on the first 3 predictions of each block" in (tmp_path / "out" / "README.md").read_text()
-    for bad in (0, 8):
-        with pytest.raises(ValueError, match="loss_positions"):
-            Trainer(small_cfg(tmp_path / f"bad{bad}", loss_positions=bad), target=target, examples=exs)
 
 
 def test_resume_is_exact(target, tmp_path):

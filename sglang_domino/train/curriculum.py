@@ -118,14 +118,12 @@ class Frozen:
         return torch.where(valid, pos, labels)
 
 
-def block_logits(drafter, frozen: Frozen, batch: BlockBatch, features: torch.Tensor, with_head: bool = True,
-                 n_pred: int | None = None):
+def block_logits(drafter, frozen: Frozen, batch: BlockBatch, features: torch.Tensor, with_head: bool = True):
     """Teacher-forced forward.
 
     features: [S, T, K*H] context features of the S sequences (right-padded; T >= batch.ctx_len).
-    Returns (base [R, n, V], final [R, n, V] or None when ``with_head`` is False) for the first
-    n = ``n_pred`` (default B-1) predictions of each block; V is the loss vocabulary's size
-    (``frozen.columns()``) when ``frozen.vocab`` is set. The backbone always runs the whole block.
+    Returns (base [R, B-1, V], final [R, B-1, V] or None when ``with_head`` is False); V is the loss
+    vocabulary's size (``frozen.columns()``) when ``frozen.vocab`` is set.
     """
     cfg = drafter.config
     T = batch.ctx_len
@@ -135,12 +133,11 @@ def block_logits(drafter, frozen: Frozen, batch: BlockBatch, features: torch.Ten
     ctx = [(k.index_select(0, batch.row_seq), v.index_select(0, batch.row_seq)) for k, v in ctx]
     embeds = F.embedding(batch.block_ids, frozen.embed)
     z = drafter.backbone(embeds, batch.positions, ctx, batch.ctx_mask)  # [R, B, H]
-    n = z.shape[1] - 1 if n_pred is None else n_pred
-    zp = z[:, :n]  # z_k predicts x_{a+k+1}
+    zp = z[:, :-1]  # z_k predicts x_{a+k+1}
     base = vocab_logits(zp, frozen.lm_head)
     if not with_head:
         return base, None
-    s, _ = drafter.prefix_gru(F.embedding(batch.gru_ids[:, :n], frozen.embed).to(zp.dtype))  # [R, n, G]
+    s, _ = drafter.prefix_gru(F.embedding(batch.gru_ids, frozen.embed).to(zp.dtype))  # [R, B-1, G]
     hidden = drafter.embed_proj[1](drafter.embed_proj[0](torch.cat([zp, s.to(zp.dtype)], -1)))  # [R, B-1, E]
     w2 = drafter.embed_proj[2].weight
     cols = frozen.columns()

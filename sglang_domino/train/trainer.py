@@ -56,7 +56,6 @@ class TrainConfig:
     init_layers: str = "target"  # copy the target layers after the deepest context layer (warm_start.py); or "random"
     # curriculum
     gamma: float | None = None
-    loss_positions: int | None = None  # predictions per block in the training loss (default all B-1)
     decay_ratio: float = 0.5
     lambda_const: float | None = None
     loss_vocab: str = "full"  # "full": softmax over all V; "data": over the tokens of the training data
@@ -195,10 +194,6 @@ class Trainer:
         self.block_size = dcfg.block_size
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(self.block_size)
         self.weights = position_weights(self.block_size, self.gamma, self.device)
-        self.loss_positions = self.block_size - 1 if cfg.loss_positions is None else cfg.loss_positions
-        if not 1 <= self.loss_positions <= self.block_size - 1:
-            raise ValueError(f"loss_positions={cfg.loss_positions}: expected 1 .. {self.block_size - 1} "
-                             f"(block size {self.block_size})")
         vocab = None
         if cfg.loss_vocab == "data":
             vocab = torch.unique(torch.cat([t for e in self.train_set for t in (e["input_ids"], e.get("labels"))
@@ -245,7 +240,7 @@ class Trainer:
                                   _seeded(self.cfg.seed, epoch, i)) for e, i in zip(exs, idx)]
         return exs, anchors
 
-    def _forward(self, exs, anchors, with_head: bool, frozen: Frozen, n_pred: int | None = None):
+    def _forward(self, exs, anchors, with_head: bool, frozen: Frozen):
         seqs = [e["input_ids"] for e in exs]
         feats = self.features(seqs)
         T = max(f.shape[0] for f in feats)
@@ -257,7 +252,7 @@ class Trainer:
         padded = padded.to(self.device)
         autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         with autocast:
-            base, final = block_logits(self.drafter, frozen, batch, padded, with_head=with_head, n_pred=n_pred)
+            base, final = block_logits(self.drafter, frozen, batch, padded, with_head=with_head)
         return base, final, batch
 
     def precompute_features(self) -> None:
@@ -280,10 +275,9 @@ class Trainer:
         exs, anchors = self.batch_for_step(self.step)
         with_head = lam < 1.0
         frozen = self.frozen.with_negatives(cfg.loss_negatives, _seeded(cfg.seed, 77, self.step))
-        n = self.loss_positions
-        base, final, batch = self._forward(exs, anchors, with_head, frozen, n_pred=n)
-        labels = frozen.to_loss_vocab(batch.labels[:, :n])
-        loss, stats = curriculum_loss(base, final, labels, self.weights[:n], lam)
+        base, final, batch = self._forward(exs, anchors, with_head, frozen)
+        labels = frozen.to_loss_vocab(batch.labels)
+        loss, stats = curriculum_loss(base, final, labels, self.weights, lam)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
@@ -463,8 +457,6 @@ class Trainer:
             if cfg.lambda_const == 1.0 else "Domino (base-anchored curriculum)"
         lam = f"constant {cfg.lambda_const}" if cfg.lambda_const is not None else \
             f"1 -> 0 linearly over the first {cfg.decay_ratio:g} of the steps"
-        positions = "" if self.loss_positions == self.block_size - 1 else \
-            f" on the first {self.loss_positions} predictions of each block (k < {self.loss_positions})"
         loss_vocab = "the full vocabulary" if self.frozen.vocab is None else \
             f"the {len(self.frozen.vocab)} tokens of the training data plus {cfg.loss_negatives} other tokens drawn " \
             f"afresh each step (validation: full vocabulary)"
@@ -491,7 +483,7 @@ bfloat16 safetensors; the target's embeddings and lm_head are not included).
   target's greedy next tokens (relabel-data), the rest answered by the target, {stats['sampled_fraction']:.0%} of all
   by sampling, the rest greedy; {len(self.val)} conversations held out for validation
 - Initialised from: {self._init_description()}
-- Recipe: loss (1 - lambda) CE(final) + lambda CE(base), position weights exp(-k/{self.gamma:g}){positions}; lambda {lam};
+- Recipe: loss (1 - lambda) CE(final) + lambda CE(base), position weights exp(-k/{self.gamma:g}); lambda {lam};
   softmax over {loss_vocab};
   AdamW lr {cfg.lr:g} (warmup {cfg.warmup_ratio:g}, cosine to {cfg.min_lr_ratio:g} x), grad clip {cfg.grad_clip:g},
   {cfg.batch_seqs} conversations x up to {cfg.anchors_per_seq} anchors per step, {self.total_steps} steps
@@ -557,9 +549,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "(fc passes that layer's features through; see sglang_domino/train/warm_start.py)")
     g = p.add_argument_group("curriculum")
     g.add_argument("--gamma", type=float, default=None, help="position decay (default 7/5/4 for B=16/10/8)")
-    g.add_argument("--loss-positions", type=int, default=None,
-                   help="train on the first N predictions of each block only (default: all B-1); the later ones "
-                        "cost as much to train but are rarely reached by a weak drafter (validation: all)")
     g.add_argument("--decay-ratio", type=float, default=d.decay_ratio,
                    help="lambda goes 1 -> 0 over this fraction of the steps")
     g.add_argument("--lambda-const", type=float, default=None,
