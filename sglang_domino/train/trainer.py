@@ -27,7 +27,7 @@ import torch
 from ..drafter import DominoDrafter, save_drafter
 from ..hf.target import load_target
 from ..models import init_drafter
-from .anchors import build_blocks, sample_anchors
+from .anchors import IGNORE, build_blocks, sample_anchors
 from .curriculum import (Frozen, block_logits, block_metrics, curriculum_loss, default_gamma, hit_metrics, lambda_at,
                          lr_factor, position_weights, weighted_ce)
 from .data import atomic_save
@@ -329,6 +329,25 @@ class Trainer:
         out["acc_base"] = tot["acc_base"] / max(1, n_tok)
         out["accept_greedy"] = tot["accept_greedy"] / max(1, n_greedy)
         return {"val_" + k: round(v, 4) for k, v in out.items()}
+
+    @torch.no_grad()
+    def heldout_hits(self, anchors_per_seq: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Teacher-forced top-1 hits of the final logits (full vocabulary) on the held-out conversations, at
+        anchors drawn independently of ``--seed`` (the same blocks for every drafter on the same data).
+
+        Returns (correct [R, B-1] bool, valid [R, B-1] bool, conversation [R] index into ``self.val``).
+        """
+        self.drafter.eval()
+        out = []
+        for k in range(0, len(self.val), self.cfg.batch_seqs):
+            exs = self.val[k:k + self.cfg.batch_seqs]
+            anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), anchors_per_seq,
+                                      _seeded(SPLIT_SEED, 10 ** 6, k + j)) for j, e in enumerate(exs)]
+            _, final, batch = self._forward(exs, anchors, True, self.frozen.full())
+            valid = batch.labels != IGNORE
+            out.append(((final.argmax(-1) == batch.labels) & valid, valid, batch.row_seq + k))
+        self.drafter.train()
+        return tuple(torch.cat([o[i] for o in out]).cpu() for i in range(3))
 
     def _log(self, record: dict) -> None:
         with open(self.run_dir / METRICS, "a") as f:
