@@ -67,6 +67,7 @@ def main(argv=None) -> None:
     p.add_argument("--anchors", type=int, default=64, help="anchors per held-out conversation")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--name", default=None, help="result file name under bench/results/ (default: print only)")
+    p.add_argument("--note", default="", help="what the drafters are (stored in the result)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     results, hits = {}, {}
@@ -86,7 +87,7 @@ def main(argv=None) -> None:
         results[d]["accept_minus_first_95"] = [round(x, 4) for x in paired_interval(a, b, hits[ref][1])]
         print(f"{d}: accept - {ref}'s = {results[d]['accept_minus_first']:+.4f}, 95% {results[d]['accept_minus_first_95']}")
     if args.name:
-        path = write_result(args.name, {"data": args.data, "anchors_per_conversation": args.anchors,
+        path = write_result(args.name, {"note": args.note, "data": args.data, "anchors_per_conversation": args.anchors,
                                         "held_out_conversations": int(hits[ref][1].unique().numel()),
                                         "drafters": results})
         print("wrote", path)
