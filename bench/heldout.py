@@ -1,7 +1,8 @@
 """Held-out acceptance of drafters, teacher-forced: a quick paired comparison of training stages.
 
 Every drafter is scored on the same blocks: the held-out conversations of the training data (``--data``, as
-``sglang_domino.train`` splits them) at ``--anchors`` anchors each, drawn independently of the training seed.
+``sglang_domino.train`` splits them) that the target answered greedily, at ``--anchors`` anchors each, drawn
+independently of the training seed (on such text the leading hits are what greedy verification commits).
 For each: tokens a greedy step would commit (``accept``, bonus included), the top-1 accuracy of each draft
 position, and P(at least j drafts right); for each drafter after the first, its accept minus the first's with a
 95% paired-bootstrap interval over conversations. Seconds per drafter, against ~20 min for MT-Bench decoding
@@ -88,7 +89,7 @@ def main(argv=None) -> None:
         print(f"{d}: accept - {ref}'s = {results[d]['accept_minus_first']:+.4f}, 95% {results[d]['accept_minus_first_95']}")
     if args.name:
         path = write_result(args.name, {"note": args.note, "data": args.data, "anchors_per_conversation": args.anchors,
-                                        "held_out_conversations": int(hits[ref][1].unique().numel()),
+                                        "greedy_held_out_conversations": int(hits[ref][1].unique().numel()),
                                         "drafters": results})
         print("wrote", path)
 

@@ -38,14 +38,15 @@ def test_paired_interval_holds_a_shift_and_is_zero_for_equal_drafters():
 
 def test_heldout_blocks_do_not_depend_on_the_training_seed(tmp_path):
     target = tiny_target("llama", vocab_size=64, hidden_size=64, num_layers=6, seed=0)
-    exs = make_examples(40)
-    a = Trainer(small_cfg(tmp_path / "a", seed=0), target=target, examples=exs)
+    exs = [dict(e, sampled=i % 2 == 1) for i, e in enumerate(make_examples(80))]  # every other answer sampled
+    a = Trainer(small_cfg(tmp_path / "a", seed=0, val_examples=8), target=target, examples=exs)
     a.export()
-    b, c = (Trainer(small_cfg(tmp_path / n, seed=seed, init_from=str(tmp_path / "a" / "out")), target=target,
-                    examples=exs) for n, seed in (("b", 3), ("c", 5)))
+    b, c = (Trainer(small_cfg(tmp_path / n, seed=seed, val_examples=8, init_from=str(tmp_path / "a" / "out")),
+                    target=target, examples=exs) for n, seed in (("b", 3), ("c", 5)))
     _, va, conv_a = a.heldout_hits(5)
     cb, vb, conv_b = b.heldout_hits(5)
     cc, _, _ = c.heldout_hits(5)
     assert torch.equal(va, vb) and torch.equal(conv_a, conv_b)  # the same blocks and labels
-    assert conv_a.unique().numel() == len(a.val)
+    greedy = [j for j, e in enumerate(a.val) if not e.get("sampled")]
+    assert 0 < len(greedy) < len(a.val) and conv_a.unique().tolist() == greedy  # sampled answers left out
     assert torch.equal(cb, cc)  # the same weights score the same, whatever the seed

@@ -335,7 +335,8 @@ class Trainer:
         """Teacher-forced top-1 hits of the final logits (full vocabulary) on the held-out conversations, at
         anchors drawn independently of ``--seed`` (the same blocks for every drafter on the same data).
 
-        Returns (correct [R, B-1] bool, valid [R, B-1] bool, conversation [R] index into ``self.val``).
+        Returns (correct [R, B-1] bool, valid [R, B-1] bool, conversation [R] index into ``self.val``); only
+        the blocks of greedy conversations, whose leading hits are what greedy verification would commit.
         """
         self.drafter.eval()
         out = []
@@ -344,8 +345,11 @@ class Trainer:
             anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), anchors_per_seq,
                                       _seeded(SPLIT_SEED, 10 ** 6, k + j)) for j, e in enumerate(exs)]
             _, final, batch = self._forward(exs, anchors, True, self.frozen.full())
-            valid = batch.labels != IGNORE
-            out.append(((final.argmax(-1) == batch.labels) & valid, valid, batch.row_seq + k))
+            greedy = torch.tensor([not exs[j].get("sampled", False) for j in batch.row_seq.tolist()],
+                                  dtype=torch.bool, device=batch.labels.device)
+            labels = batch.labels[greedy]
+            valid = labels != IGNORE
+            out.append(((final[greedy].argmax(-1) == labels) & valid, valid, batch.row_seq[greedy] + k))
         self.drafter.train()
         return tuple(torch.cat([o[i] for o in out]).cpu() for i in range(3))
 
