@@ -86,7 +86,8 @@ def main(argv=None) -> None:
         a, b = lead_lengths(hits[ref][0]), lead_lengths(hits[d][0])
         results[d]["accept_minus_first"] = round(float(b.float().mean() - a.float().mean()), 4)
         results[d]["accept_minus_first_95"] = [round(x, 4) for x in paired_interval(a, b, hits[ref][1])]
-        print(f"{d}: accept - {ref}'s = {results[d]['accept_minus_first']:+.4f}, 95% {results[d]['accept_minus_first_95']}")
+        r = results[d]
+        print(f"{d}: accept - {ref}'s = {r['accept_minus_first']:+.4f}, 95% {r['accept_minus_first_95']}")
     if args.name:
         path = write_result(args.name, {"note": args.note, "data": args.data, "anchors_per_conversation": args.anchors,
                                         "greedy_held_out_conversations": int(hits[ref][1].unique().numel()),

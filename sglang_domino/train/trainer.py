@@ -292,10 +292,16 @@ class Trainer:
         return {"step": self.step, "loss": float(loss.detach()), "lambda": lam,
                 "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": float(gnorm), **stats, **m}
 
+    def _heldout_anchors(self, first: int, per_seq: int) -> list[torch.Tensor]:
+        """Anchors of the held-out conversations ``first ..`` of a batch: fixed, whatever ``--seed``."""
+        exs = self.val[first:first + self.cfg.batch_seqs]
+        return [sample_anchors(e["prompt_len"], len(e["input_ids"]), per_seq, _seeded(SPLIT_SEED, 10 ** 6, first + j))
+                for j, e in enumerate(exs)]
+
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Validation over the full vocabulary: fixed anchors; final-logit metrics (the head, as used at
-        inference) and base-only."""
+        """Validation over the full vocabulary at fixed anchors (the same for every seed): final-logit metrics
+        (the head, as used at inference) and base-only."""
         if not self.val:
             return {}
         self.drafter.eval()
@@ -304,9 +310,8 @@ class Trainer:
         n_tok = n_rows = n_greedy = 0
         for k in range(0, len(self.val), self.cfg.batch_seqs):
             exs = self.val[k:k + self.cfg.batch_seqs]
-            anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), self.cfg.anchors_per_seq,
-                                      _seeded(self.cfg.seed, 10 ** 6, k + j)) for j, e in enumerate(exs)]
-            base, final, batch = self._forward(exs, anchors, True, self.frozen.full())
+            base, final, batch = self._forward(exs, self._heldout_anchors(k, self.cfg.anchors_per_seq), True,
+                                               self.frozen.full())
             mf, mb = block_metrics(final, batch.labels), block_metrics(base, batch.labels)
             r = mf["n_rows"]
             tot["ce_final"] += float(weighted_ce(final, batch.labels, self.weights)) * r
@@ -342,9 +347,7 @@ class Trainer:
         out = []
         for k in range(0, len(self.val), self.cfg.batch_seqs):
             exs = self.val[k:k + self.cfg.batch_seqs]
-            anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), anchors_per_seq,
-                                      _seeded(SPLIT_SEED, 10 ** 6, k + j)) for j, e in enumerate(exs)]
-            _, final, batch = self._forward(exs, anchors, True, self.frozen.full())
+            _, final, batch = self._forward(exs, self._heldout_anchors(k, anchors_per_seq), True, self.frozen.full())
             greedy = torch.tensor([not exs[j].get("sampled", False) for j in batch.row_seq.tolist()],
                                   dtype=torch.bool, device=batch.labels.device)
             labels = batch.labels[greedy]
