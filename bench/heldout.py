@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_info import write_result  # noqa: E402
 
-from sglang_domino.train.trainer import Trainer, TrainConfig  # noqa: E402
+from sglang_domino.hf.target import load_target  # noqa: E402
+from sglang_domino.train.trainer import Trainer, TrainConfig, resolve_device  # noqa: E402
 
 DEFAULT_DATA = ["data/sharegpt-smollm2", "data/sharegpt-smollm2-s1", "data/sharegpt-smollm2-s2",
                 "data/sharegpt-smollm2-relabelled", "data/sharegpt-smollm2-relabelled-s1",
@@ -72,12 +73,13 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     results, hits = {}, {}
+    target = load_target(args.target, torch.float32, resolve_device("auto"))[0]  # once, for every drafter
     with tempfile.TemporaryDirectory() as tmp:
         for d in args.drafters:
             cfg = TrainConfig(target=args.target, data=args.data, init_from=d, run_dir=tmp, out=tmp, resume=False,
                               dtype=args.dtype, feature_dtype=args.dtype, features_dir=args.features_dir,
                               progress=False)
-            correct, valid, conv = Trainer(cfg).heldout_hits(args.anchors)
+            correct, valid, conv = Trainer(cfg, target=target).heldout_hits(args.anchors)
             hits[d] = (correct, conv)
             results[d] = summary(correct, valid)
             print(d, results[d], flush=True)

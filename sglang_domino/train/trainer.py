@@ -292,11 +292,18 @@ class Trainer:
         return {"step": self.step, "loss": float(loss.detach()), "lambda": lam,
                 "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": float(gnorm), **stats, **m}
 
-    def _heldout_anchors(self, first: int, per_seq: int) -> list[torch.Tensor]:
-        """Anchors of the held-out conversations ``first ..`` of a batch: fixed, whatever ``--seed``."""
-        exs = self.val[first:first + self.cfg.batch_seqs]
-        return [sample_anchors(e["prompt_len"], len(e["input_ids"]), per_seq, _seeded(SPLIT_SEED, 10 ** 6, first + j))
-                for j, e in enumerate(exs)]
+    def _heldout_batches(self, per_seq: int):
+        """For each batch of held-out conversations: (index of its first, base, final, blocks, greedy): the logits
+        over the full vocabulary at ``per_seq`` anchors a conversation, fixed whatever ``--seed``, and greedy,
+        the [R] bool mask of the blocks whose conversation the target answered greedily."""
+        for k in range(0, len(self.val), self.cfg.batch_seqs):
+            exs = self.val[k:k + self.cfg.batch_seqs]
+            anchors = [sample_anchors(e["prompt_len"], len(e["input_ids"]), per_seq,
+                                      _seeded(SPLIT_SEED, 10 ** 6, k + j)) for j, e in enumerate(exs)]
+            base, final, batch = self._forward(exs, anchors, True, self.frozen.full())
+            greedy = torch.tensor([not exs[j].get("sampled", False) for j in batch.row_seq.tolist()],
+                                  dtype=torch.bool, device=batch.labels.device)
+            yield k, base, final, batch, greedy
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -308,10 +315,7 @@ class Trainer:
         tot = {"ce_final": 0.0, "ce_base": 0.0, "acc": 0.0, "acc_base": 0.0, "accept": 0.0, "accept_base": 0.0,
                "accept_greedy": 0.0}
         n_tok = n_rows = n_greedy = 0
-        for k in range(0, len(self.val), self.cfg.batch_seqs):
-            exs = self.val[k:k + self.cfg.batch_seqs]
-            base, final, batch = self._forward(exs, self._heldout_anchors(k, self.cfg.anchors_per_seq), True,
-                                               self.frozen.full())
+        for _, base, final, batch, greedy_rows in self._heldout_batches(self.cfg.anchors_per_seq):
             mf, mb = block_metrics(final, batch.labels), block_metrics(base, batch.labels)
             r = mf["n_rows"]
             tot["ce_final"] += float(weighted_ce(final, batch.labels, self.weights)) * r
@@ -320,8 +324,6 @@ class Trainer:
             tot["acc_base"] += mb["acc"] * mb["n_tok"]
             tot["accept"] += mf["accept"] * r
             tot["accept_base"] += mb["accept"] * r
-            greedy_rows = torch.tensor([not exs[j].get("sampled", False) for j in batch.row_seq.tolist()],
-                                       device=batch.labels.device)
             if greedy_rows.any():
                 g = block_metrics(final[greedy_rows], batch.labels[greedy_rows])
                 tot["accept_greedy"] += g["accept"] * g["n_rows"]
@@ -345,11 +347,7 @@ class Trainer:
         """
         self.drafter.eval()
         out = []
-        for k in range(0, len(self.val), self.cfg.batch_seqs):
-            exs = self.val[k:k + self.cfg.batch_seqs]
-            _, final, batch = self._forward(exs, self._heldout_anchors(k, anchors_per_seq), True, self.frozen.full())
-            greedy = torch.tensor([not exs[j].get("sampled", False) for j in batch.row_seq.tolist()],
-                                  dtype=torch.bool, device=batch.labels.device)
+        for k, _, final, batch, greedy in self._heldout_batches(anchors_per_seq):
             labels = batch.labels[greedy]
             valid = labels != IGNORE
             out.append(((final[greedy].argmax(-1) == labels) & valid, valid, batch.row_seq[greedy] + k))
