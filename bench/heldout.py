@@ -1,20 +1,25 @@
 """Held-out acceptance of drafters, teacher-forced: a quick paired comparison of training stages.
 
-Every drafter is scored on the same blocks: the held-out conversations of the training data (``--data``, as
-``sglang_domino.train`` splits them) that the target answered greedily, at ``--anchors`` anchors each, drawn
-independently of the training seed (on such text the leading hits are what greedy verification commits).
-For each: tokens a greedy step would commit (``accept``, bonus included), the top-1 accuracy of each draft
-position, and P(at least j drafts right); for each drafter after the first, its accept minus the first's with a
-95% paired-bootstrap interval over conversations. Seconds per drafter, against ~20 min for MT-Bench decoding
-(``bench/acceptance.py``, which measures what serving sees). Writes ``bench/results/<name>.json``.
+Every drafter is scored on the same blocks: every answer position of the held-out conversations of the training
+data (``--data``, as ``sglang_domino.train`` splits them) that the target answered greedily. On such text the
+leading hits of a block are what greedy verification would commit there, so two scores follow without decoding:
 
-    python bench/heldout.py --drafters drafters/smollm2-domino-b16 runs/smollm2-domino-b16-stage6/export
+- ``accept``: tokens a greedy step commits (bonus included), averaged over every answer position as the anchor;
+  also the top-1 accuracy of each draft position and P(at least j drafts right);
+- ``accept_decoding``: the same, over the anchors greedy decoding reaches: from the answer's first token, each
+  step commits its leading hits plus the bonus and the next step starts after them. This is the tau that decoding
+  these answers would report (``bench/acceptance.py`` measures it on MT-Bench); it is lower than ``accept``
+  because a step starts right after a draft went wrong, where drafting is harder than at a random position.
+
+For each drafter after the first, both scores minus the first's with a 95% paired bootstrap over conversations.
+About a minute per drafter, against ~20 min for MT-Bench decoding. Writes ``bench/results/<name>.json``.
+
+    python bench/heldout.py --drafters drafters/smollm2-domino-b16 drafters/smollm2-dflash-b16
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +35,7 @@ from sglang_domino.train.trainer import Trainer, TrainConfig, resolve_device  # 
 DEFAULT_DATA = ["data/sharegpt-smollm2", "data/sharegpt-smollm2-s1", "data/sharegpt-smollm2-s2",
                 "data/sharegpt-smollm2-relabelled", "data/sharegpt-smollm2-relabelled-s1",
                 "data/sharegpt-smollm2-relabelled-s2", "data/sharegpt-smollm2-later-turns"]
+EVERY_POSITION = 10 ** 9  # anchors per conversation: more than any answer has
 
 
 def lead_lengths(correct: torch.Tensor) -> torch.Tensor:
@@ -45,18 +51,36 @@ def summary(correct: torch.Tensor, valid: torch.Tensor, depth: int = 5) -> dict:
             "blocks": int(correct.shape[0])}
 
 
-def paired_interval(lead_a: torch.Tensor, lead_b: torch.Tensor, conv: torch.Tensor, draws: int = 2000,
-                    seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval of mean(lead_b) - mean(lead_a) over blocks, resampling whole conversations."""
-    ids = conv.unique().tolist()
-    rows = {c: (conv == c).nonzero()[:, 0] for c in ids}
-    rng = random.Random(seed)
-    diffs = []
-    for _ in range(draws):
-        pick = torch.cat([rows[rng.choice(ids)] for _ in ids])
-        diffs.append(float(lead_b[pick].float().mean() - lead_a[pick].float().mean()))
-    diffs.sort()
-    return diffs[int(0.025 * draws)], diffs[int(0.975 * draws) - 1]
+def decoding_path(lead: torch.Tensor, offset: torch.Tensor) -> tuple[int, int]:
+    """Greedy decoding of one answer from its leading hits at every anchor: lead [R] and offset [R] (the anchor's
+    position in the answer). From offset 0, a step commits lead + 1 tokens and the next starts after them, until
+    no block is left. Returns (steps, tokens)."""
+    at = dict(zip(offset.tolist(), lead.tolist()))
+    steps = pos = 0
+    while pos in at:
+        steps += 1
+        pos += at[pos] + 1
+    return steps, pos
+
+
+def per_conversation(lead: torch.Tensor, conv: torch.Tensor, offset: torch.Tensor, ids: list[int]) -> dict:
+    """For each conversation in ids: summed leading hits and blocks over every anchor, and the decoding path's
+    steps and tokens, as [C] tensors (the numerators and denominators of ``accept`` and ``accept_decoding``)."""
+    rows = [conv == c for c in ids]
+    path = [decoding_path(lead[r], offset[r]) for r in rows]
+    return {"lead": torch.tensor([float(lead[r].sum()) for r in rows]),
+            "blocks": torch.tensor([float(r.sum()) for r in rows]),
+            "steps": torch.tensor([float(s) for s, _ in path]),
+            "tokens": torch.tensor([float(t) for _, t in path])}
+
+
+def paired_interval(num_a: torch.Tensor, den_a: torch.Tensor, num_b: torch.Tensor, den_b: torch.Tensor,
+                    draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of sum(num_b)/sum(den_b) - sum(num_a)/sum(den_a), [C] per-conversation sums,
+    resampling whole conversations (the same draw for both drafters)."""
+    pick = torch.randint(0, num_a.numel(), (draws, num_a.numel()), generator=torch.Generator().manual_seed(seed))
+    diffs = (num_b[pick].sum(1) / den_b[pick].sum(1) - num_a[pick].sum(1) / den_a[pick].sum(1)).sort().values
+    return float(diffs[int(0.025 * draws)]), float(diffs[int(0.975 * draws) - 1])
 
 
 def main(argv=None) -> None:
@@ -66,33 +90,39 @@ def main(argv=None) -> None:
     p.add_argument("--target", default=TrainConfig.target)
     p.add_argument("--features-dir", default="runs/features-bf16", help="target feature cache (filled if missing)")
     p.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--anchors", type=int, default=64, help="anchors per held-out conversation")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--name", default=None, help="result file name under bench/results/ (default: print only)")
     p.add_argument("--note", default="", help="what the drafters are (stored in the result)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    results, hits = {}, {}
+    results, sums = {}, {}
     target = load_target(args.target, torch.float32, resolve_device("auto"))[0]  # once, for every drafter
     with tempfile.TemporaryDirectory() as tmp:
         for d in args.drafters:
             cfg = TrainConfig(target=args.target, data=args.data, init_from=d, run_dir=tmp, out=tmp, resume=False,
                               dtype=args.dtype, feature_dtype=args.dtype, features_dir=args.features_dir,
-                              progress=False)
-            correct, valid, conv = Trainer(cfg, target=target).heldout_hits(args.anchors)
-            hits[d] = (correct, conv)
+                              batch_seqs=1, progress=False)  # one conversation at a time: every position is a block
+            trainer = Trainer(cfg, target=target)
+            correct, valid, conv, offset = trainer.heldout_hits(EVERY_POSITION)
+            # only the target's own answers: no decoding follows a relabelled (human-written) one
+            ids = [c for c in conv.unique().tolist() if "labels" not in trainer.val[c]]
+            keep = torch.isin(conv, torch.tensor(ids, dtype=conv.dtype))
+            correct, valid, conv, offset = correct[keep], valid[keep], conv[keep], offset[keep]
+            sums[d] = per_conversation(lead_lengths(correct), conv, offset, ids)
             results[d] = summary(correct, valid)
+            results[d]["accept_decoding"] = round(float(sums[d]["tokens"].sum() / sums[d]["steps"].sum()), 4)
+            results[d]["decoding_steps"] = int(sums[d]["steps"].sum())
             print(d, results[d], flush=True)
-    ref = args.drafters[0]
+    ref = sums[args.drafters[0]]
     for d in args.drafters[1:]:
-        a, b = lead_lengths(hits[ref][0]), lead_lengths(hits[d][0])
-        results[d]["accept_minus_first"] = round(float(b.float().mean() - a.float().mean()), 4)
-        results[d]["accept_minus_first_95"] = [round(x, 4) for x in paired_interval(a, b, hits[ref][1])]
-        r = results[d]
-        print(f"{d}: accept - {ref}'s = {r['accept_minus_first']:+.4f}, 95% {r['accept_minus_first_95']}")
+        r, s = results[d], sums[d]
+        for score, num, den in (("accept", "lead", "blocks"), ("accept_decoding", "tokens", "steps")):
+            r[score + "_minus_first"] = round(r[score] - results[args.drafters[0]][score], 4)
+            r[score + "_minus_first_95"] = [round(x, 4) for x in paired_interval(ref[num], ref[den], s[num], s[den])]
+            print(f"{d}: {score} - first's = {r[score + '_minus_first']:+.4f}, 95% {r[score + '_minus_first_95']}")
     if args.name:
-        path = write_result(args.name, {"note": args.note, "data": args.data, "anchors_per_conversation": args.anchors,
-                                        "greedy_held_out_conversations": int(hits[ref][1].unique().numel()),
+        path = write_result(args.name, {"note": args.note, "data": args.data, "anchors": "every answer position",
+                                        "greedy_held_out_conversations": int(ref["steps"].numel()),
                                         "drafters": results})
         print("wrote", path)
 

@@ -27,13 +27,26 @@ def test_statistics_by_hand():
     assert s["p_at_least"] == [0.75, 0.5, 0.25]
 
 
+def test_decoding_path_follows_the_leading_hits():
+    # anchors 0..7 of one answer; from 0: 2 hits -> 3 tokens, at 3: 0 -> 1, at 4: 1 -> 2, at 6: 0, at 7: 0 -> end
+    lead = torch.tensor([2, 5, 5, 0, 1, 5, 0, 0])
+    assert heldout.decoding_path(lead, torch.arange(8)) == (5, 8)
+    assert heldout.decoding_path(lead[[4, 0, 6, 3, 7, 2, 5, 1]], torch.tensor([4, 0, 6, 3, 7, 2, 5, 1])) == (5, 8)
+    assert heldout.decoding_path(torch.zeros(4, dtype=torch.long), torch.arange(4)) == (4, 4)  # every step: bonus
+    s = heldout.per_conversation(torch.cat([lead, torch.zeros(4, dtype=torch.long)]),
+                                 torch.tensor([3] * 8 + [5] * 4), torch.cat([torch.arange(8), torch.arange(4)]), [3, 5])
+    assert s["lead"].tolist() == [18, 0] and s["blocks"].tolist() == [8, 4]
+    assert s["steps"].tolist() == [5, 4] and s["tokens"].tolist() == [8, 4]
+
+
 def test_paired_interval_holds_a_shift_and_is_zero_for_equal_drafters():
     g = torch.Generator().manual_seed(0)
-    a = torch.randint(0, 3, (400,), generator=g)
-    conv = torch.arange(400) // 20
-    assert heldout.paired_interval(a, a, conv, draws=200) == (0.0, 0.0)
-    lo, hi = heldout.paired_interval(a, a + 1, conv, draws=200)
+    num, den = torch.randint(0, 30, (20,), generator=g).float(), torch.full((20,), 10.0)
+    assert heldout.paired_interval(num, den, num, den, draws=200) == (0.0, 0.0)
+    lo, hi = heldout.paired_interval(num, den, num + 10, den, draws=200)  # one more hit per block everywhere
     assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+    lo, hi = heldout.paired_interval(num, den, num + torch.arange(20.0), den, draws=200)  # a spread-out gain
+    assert 0 < lo < 0.95 < hi
 
 
 def test_heldout_blocks_do_not_depend_on_the_training_seed(tmp_path):
@@ -43,10 +56,12 @@ def test_heldout_blocks_do_not_depend_on_the_training_seed(tmp_path):
     a.export()
     b, c = (Trainer(small_cfg(tmp_path / n, seed=seed, val_examples=8, init_from=str(tmp_path / "a" / "out")),
                     target=target, examples=exs) for n, seed in (("b", 3), ("c", 5)))
-    _, va, conv_a = a.heldout_hits(5)
-    cb, vb, conv_b = b.heldout_hits(5)
-    cc, _, _ = c.heldout_hits(5)
-    assert torch.equal(va, vb) and torch.equal(conv_a, conv_b)  # the same blocks and labels
+    _, va, conv_a, off_a = a.heldout_hits(5)
+    cb, vb, conv_b, off_b = b.heldout_hits(5)
+    cc, _, _, _ = c.heldout_hits(5)
+    assert torch.equal(va, vb) and torch.equal(conv_a, conv_b) and torch.equal(off_a, off_b)  # same blocks, labels
+    answer_len = torch.tensor([len(e["input_ids"]) - e["prompt_len"] for e in a.val])
+    assert bool((off_a >= 0).all() and (off_a < answer_len[conv_a]).all())  # anchors lie in the answer
     greedy = [j for j, e in enumerate(a.val) if not e.get("sampled")]
     assert 0 < len(greedy) < len(a.val) and conv_a.unique().tolist() == greedy  # sampled answers left out
     assert torch.equal(cb, cc)  # the same weights score the same, whatever the seed

@@ -338,21 +338,25 @@ class Trainer:
         return {"val_" + k: round(v, 4) for k, v in out.items()}
 
     @torch.no_grad()
-    def heldout_hits(self, anchors_per_seq: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def heldout_hits(self, anchors_per_seq: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced top-1 hits of the final logits (full vocabulary) on the held-out conversations, at
         anchors drawn independently of ``--seed`` (the same blocks for every drafter on the same data).
 
-        Returns (correct [R, B-1] bool, valid [R, B-1] bool, conversation [R] index into ``self.val``); only
-        the blocks of greedy conversations, whose leading hits are what greedy verification would commit.
+        Returns (correct [R, B-1] bool, valid [R, B-1] bool, conversation [R] index into ``self.val``, offset [R]
+        the anchor's position in the answer); only the blocks of greedy conversations, whose leading hits are
+        what greedy verification would commit.
         """
         self.drafter.eval()
         out = []
         for k, _, final, batch, greedy in self._heldout_batches(anchors_per_seq):
             labels = batch.labels[greedy]
             valid = labels != IGNORE
-            out.append(((final[greedy].argmax(-1) == labels) & valid, valid, batch.row_seq[greedy] + k))
+            conv = batch.row_seq[greedy] + k
+            prompt_len = torch.tensor([self.val[j]["prompt_len"] for j in conv.tolist()], device=conv.device)
+            out.append(((final[greedy].argmax(-1) == labels) & valid, valid, conv,
+                        batch.anchors[greedy] - prompt_len))
         self.drafter.train()
-        return tuple(torch.cat([o[i] for o in out]).cpu() for i in range(3))
+        return tuple(torch.cat([o[i] for o in out]).cpu() for i in range(4))
 
     def _log(self, record: dict) -> None:
         with open(self.run_dir / METRICS, "a") as f:
