@@ -106,6 +106,8 @@ def main(argv=None) -> None:
             correct, valid, conv, offset = trainer.heldout_hits(EVERY_POSITION)
             # only the target's own answers: no decoding follows a relabelled (human-written) one
             ids = [c for c in conv.unique().tolist() if "labels" not in trainer.val[c]]
+            if not ids:
+                raise SystemExit(f"no held-out conversation of {args.data[0]} is a greedy answer of the target")
             keep = torch.isin(conv, torch.tensor(ids, dtype=conv.dtype))
             correct, valid, conv, offset = correct[keep], valid[keep], conv[keep], offset[keep]
             sums[d] = per_conversation(lead_lengths(correct), conv, offset, ids)
