@@ -7,9 +7,10 @@ leading hits of a block are what greedy verification would commit there, so two 
 - ``accept``: tokens a greedy step commits (bonus included), averaged over every answer position as the anchor;
   also the top-1 accuracy of each draft position and P(at least j drafts right);
 - ``accept_decoding``: the same, over the anchors greedy decoding reaches: from the answer's first token, each
-  step commits its leading hits plus the bonus and the next step starts after them. This is the tau that decoding
-  these answers would report (``bench/acceptance.py`` measures it on MT-Bench); it is lower than ``accept``
-  because a step starts right after a draft went wrong, where drafting is harder than at a random position.
+  step commits its leading hits plus the bonus and the next step starts after them. This is the tau of a greedy
+  decoding that writes these answers (the target's own, in the data's dtype; ``bench/acceptance.py`` measures tau
+  by decoding MT-Bench); it is lower than ``accept`` because a step starts right after a draft went wrong, where
+  drafting is harder than at a random position.
 
 For each drafter after the first, both scores minus the first's with a 95% paired bootstrap over conversations.
 About a minute per drafter, against ~20 min for MT-Bench decoding. Writes ``bench/results/<name>.json``.
