@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sglang_domino.hf.generate import plain_generate, speculative_generate
 from sglang_domino.models import tiny_target
 from sglang_domino.train.trainer import Trainer
 from test_train import make_examples, small_cfg
@@ -65,3 +66,31 @@ def test_heldout_blocks_do_not_depend_on_the_training_seed(tmp_path):
     greedy = [j for j, e in enumerate(a.val) if not e.get("sampled")]
     assert 0 < len(greedy) < len(a.val) and conv_a.unique().tolist() == greedy  # sampled answers left out
     assert torch.equal(cb, cc)  # the same weights score the same, whatever the seed
+
+
+def test_decoding_path_is_the_steps_of_real_decoding(tmp_path, monkeypatch):
+    """On the target's own greedy answers the decoding path takes the speculative decoder's steps, answer by
+    answer (fp32 drafts; only the last step may count differently, where the answer's end cuts it)."""
+    monkeypatch.setenv("SGLANG_DOMINO_DRAFT_DTYPE", "model")
+    target = tiny_target("llama", vocab_size=64, hidden_size=64, num_layers=6, seed=0)
+    exs = []
+    for e in make_examples(80):  # 8 held out
+        prompt = e["input_ids"][:8].long()
+        answer = plain_generate(target, prompt[None], 24).tokens
+        exs.append({"id": e["id"], "input_ids": torch.cat([prompt, torch.tensor(answer)]).int(), "prompt_len": 8})
+    trainer = Trainer(small_cfg(tmp_path, val_examples=8, max_steps=40, dtype="float32"), target=target, examples=exs)
+    trainer.run()
+    correct, _, conv, offset = trainer.heldout_hits(heldout.EVERY_POSITION)
+    lead = heldout.lead_lengths(correct)
+    trainer.drafter.eval()
+    for c in conv.unique().tolist():
+        x, p = trainer.val[c]["input_ids"].long(), trainer.val[c]["prompt_len"]
+        out = speculative_generate(target, trainer.drafter, x[None, :p], len(x) - p, policy="always")
+        assert out.tokens == x[p:].tolist()  # lossless: the stored answer again
+        at, pos, path = dict(zip(offset[conv == c].tolist(), lead[conv == c].tolist())), 0, []
+        while pos in at:
+            path.append(at[pos])
+            pos += at[pos] + 1
+        assert heldout.decoding_path(lead[conv == c], offset[conv == c]) == (len(path), pos)
+        assert len(out.stats.accept_lens) == len(path) and out.stats.accept_lens[:-1] == path[:-1]
+    assert int(lead.max()) >= 2  # drafts right in a row: the path skips anchors
