@@ -52,16 +52,16 @@ def summary(correct: torch.Tensor, valid: torch.Tensor, depth: int = 5) -> dict:
             "blocks": int(correct.shape[0])}
 
 
-def decoding_path(lead: torch.Tensor, offset: torch.Tensor) -> tuple[int, int]:
+def decoding_path(lead: torch.Tensor, offset: torch.Tensor) -> list[int]:
     """Greedy decoding of one answer from its leading hits at every anchor: lead [R] and offset [R] (the anchor's
     position in the answer). From offset 0, a step commits lead + 1 tokens and the next starts after them, until
-    no block is left. Returns (steps, tokens)."""
+    no block is left. Returns the drafts each step accepts (steps = its length, tokens = its sum + its length)."""
     at = dict(zip(offset.tolist(), lead.tolist()))
-    steps = pos = 0
+    path, pos = [], 0
     while pos in at:
-        steps += 1
+        path.append(at[pos])
         pos += at[pos] + 1
-    return steps, pos
+    return path
 
 
 def per_conversation(lead: torch.Tensor, conv: torch.Tensor, offset: torch.Tensor, ids: list[int]) -> dict:
@@ -71,8 +71,8 @@ def per_conversation(lead: torch.Tensor, conv: torch.Tensor, offset: torch.Tenso
     path = [decoding_path(lead[r], offset[r]) for r in rows]
     return {"lead": torch.tensor([float(lead[r].sum()) for r in rows]),
             "blocks": torch.tensor([float(r.sum()) for r in rows]),
-            "steps": torch.tensor([float(s) for s, _ in path]),
-            "tokens": torch.tensor([float(t) for _, t in path])}
+            "steps": torch.tensor([float(len(p)) for p in path]),
+            "tokens": torch.tensor([float(sum(p) + len(p)) for p in path])}
 
 
 def paired_interval(num_a: torch.Tensor, den_a: torch.Tensor, num_b: torch.Tensor, den_b: torch.Tensor,
