@@ -31,17 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_info import write_result  # noqa: E402
 
 from sglang_domino.hf.target import load_target  # noqa: E402
+from sglang_domino.train.curriculum import lead_lengths  # noqa: E402
 from sglang_domino.train.trainer import Trainer, TrainConfig, resolve_device  # noqa: E402
 
 DEFAULT_DATA = ["data/sharegpt-smollm2", "data/sharegpt-smollm2-s1", "data/sharegpt-smollm2-s2",
                 "data/sharegpt-smollm2-relabelled", "data/sharegpt-smollm2-relabelled-s1",
                 "data/sharegpt-smollm2-relabelled-s2", "data/sharegpt-smollm2-later-turns"]
 EVERY_POSITION = 10 ** 9  # anchors per conversation: more than any answer has
-
-
-def lead_lengths(correct: torch.Tensor) -> torch.Tensor:
-    """[R, n] hits -> [R] number of leading hits (the drafts a greedy step accepts)."""
-    return torch.cumprod(correct.long(), dim=1).sum(1)
 
 
 def summary(correct: torch.Tensor, valid: torch.Tensor, depth: int = 5) -> dict:

@@ -185,11 +185,16 @@ def curriculum_loss(base: torch.Tensor, final: torch.Tensor | None, labels: torc
     return loss, stats
 
 
+def lead_lengths(correct: torch.Tensor) -> torch.Tensor:
+    """[R, n] top-1 hits -> [R] number of leading hits (the drafts a greedy step accepts)."""
+    return torch.cumprod(correct.long(), dim=1).sum(1)
+
+
 @torch.no_grad()
 def hit_metrics(correct: torch.Tensor, labels: torch.Tensor) -> dict:
     """``block_metrics`` from precomputed top-1 hits [R, n]."""
     valid = labels != IGNORE
-    lead = torch.cumprod(correct.long(), dim=1).sum(1).float()
+    lead = lead_lengths(correct).float()
     return {"acc": float(correct.sum() / valid.sum().clamp_min(1)), "accept": float(1 + lead.mean()),
             "n_tok": int(valid.sum()), "n_rows": int(labels.shape[0])}
 
@@ -202,8 +207,4 @@ def block_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict:
     what greedy verification would commit per step (bonus token included), because along the accepted
     prefix the drafted tokens equal the true ones the GRU was fed.
     """
-    valid = labels != IGNORE
-    correct = (logits.argmax(-1) == labels) & valid
-    lead = torch.cumprod(correct.long(), dim=1).sum(1).float()
-    return {"acc": float(correct.sum() / valid.sum().clamp_min(1)), "accept": float(1 + lead.mean()),
-            "n_tok": int(valid.sum()), "n_rows": int(labels.shape[0])}
+    return hit_metrics((logits.argmax(-1) == labels) & (labels != IGNORE), labels)
