@@ -22,15 +22,22 @@ def _git(*args: str) -> str:
         return "unknown"
 
 
+CPU_FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+
+
 def machine() -> dict:
     import torch
 
-    cpu = platform.processor()
+    cpu, flags = platform.processor(), set()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        lines = open("/proc/cpuinfo").read().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+        flags = set(next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags")))
     except (OSError, StopIteration):
         pass
     info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    # hosts of one CPU name differ in these, and with them in matmul speed and the draft dtype (bf16 or not)
+    info["cpu_flags"] = sorted(flags & CPU_FLAGS)
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
