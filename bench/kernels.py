@@ -2,6 +2,8 @@
 
 Rollout (greedy, block 16 = 15 proposals, random weights at the real shapes):
     triton        sglang_domino.kernels.rollout.rollout (fused, full vocabulary)
+    triton_table  the same with the head's gate table (E[v] @ w_ih^T for every token, fp32, built once:
+                  a row gather per step in place of the w_ih read; ``SGLANG_DOMINO_GATE_TABLE=1``)
     reference     sglang_domino.rollout.rollout (the torch spec; fp32 GRU)
     eager_aten    an ATen gru_cell loop in the weights' dtype with full-vocabulary argmax, the way SGLang's
                   built-in domino_greedy_rollout runs with candidate_pool_size=0
@@ -48,7 +50,7 @@ MODELS = {
 def eager_aten_rollout(z, base_logits, bonus, embed, head):
     """Greedy chain like SGLang's domino_greedy_rollout (pool 0): bf16 ATen GRU cell, full-vocab argmax."""
     b, n, _ = z.shape
-    w_ih, w_hh, w1, w2 = head
+    w_ih, w_hh, w1, w2 = head.w_ih, head.w_hh, head.w1, head.w2
     y = base_logits[:, 0].argmax(-1)
     out = [y]
     h = torch.ops.aten.gru_cell(embed[bonus], z.new_zeros(b, w_hh.shape[1]), w_ih, w_hh, None, None)
@@ -151,21 +153,27 @@ def run(args) -> dict:
     if cuda:
         from sglang_domino.kernels import rollout as kr
         from sglang_domino.kernels import verify as kv
-    results, checks = [], []
+    results, checks, tables = [], [], {}
     for model in args.models:
         shape = MODELS[model]
         weights = make_weights(shape, dtype, device)
+        table_head = weights["head"].with_gate_table(weights["embed"])
+        tables[model] = table_head.gate_table.nbytes / 2**20
         for b in args.batches:
             inp = make_inputs(shape, weights, b, n, dtype, device)
+            inp_table = {**inp, "head": table_head}
             rec = dict(model=model, batch=b, block=args.block, dtype=str(dtype).removeprefix("torch."))
             methods = {"reference": lambda: rollout_reference(**inp),
                        "eager_aten": lambda: eager_aten_rollout(**inp)}
             if cuda:
-                methods = {"triton": lambda: kr.rollout(**inp), **methods}
-                tok_k, _ = kr.rollout(**inp)
-                tok_r, _ = rollout_reference(**inp)
-                checks.append({**rec, "op": "rollout_greedy",
-                               "rows_equal": float((tok_k == tok_r).all(1).float().mean())})
+                methods = {"triton": lambda: kr.rollout(**inp), "triton_table": lambda: kr.rollout(**inp_table),
+                           **methods}
+                for op, args_ in (("rollout_greedy", inp), ("rollout_greedy_table", inp_table)):
+                    tok_k, _ = kr.rollout(**args_)
+                    tok_r, _ = rollout_reference(**args_)
+                    checks.append({**rec, "op": op, "rows_equal": float((tok_k == tok_r).all(1).float().mean())})
+            else:  # keeps the table path of this script tested
+                methods["reference_table"] = lambda: rollout_reference(**inp_table)
             for method, fn in methods.items():
                 bench_one(results, {**rec, "op": "rollout_greedy", "method": method}, fn, device, args, cuda)
 
@@ -204,8 +212,8 @@ def run(args) -> dict:
             torch.cuda.empty_cache()
     tune = sweep_tiles(args, device, dtype, n, kr) if cuda and args.tune else []
     prof = profile_kernels(args, device, dtype, n, kr) if cuda and args.profile else []
-    return {"device": str(device), "cpu_reference_only": not cuda, "results": results, "checks": checks,
-            "tile_sweep": tune, "profile": prof}
+    return {"device": str(device), "cpu_reference_only": not cuda, "gate_table_mib": tables, "results": results,
+            "checks": checks, "tile_sweep": tune, "profile": prof}
 
 
 TILE_CONFIGS = [  # module globals of kernels/rollout.py to override; {} is its default
@@ -252,10 +260,13 @@ def profile_kernels(args, device, dtype, n, kr) -> list[dict]:
     model = args.models[-1]
     shape = MODELS[model]
     weights = make_weights(shape, dtype, device)
+    table_head = weights["head"].with_gate_table(weights["embed"])
     out = []
     for b in (1, 64):
         inp = make_inputs(shape, weights, b, n, dtype, device)
-        for method, fn in (("triton", lambda: kr.rollout(**inp)), ("eager_aten", lambda: eager_aten_rollout(**inp))):
+        for method, fn in (("triton", lambda: kr.rollout(**inp)),
+                           ("triton_table", lambda: kr.rollout(**{**inp, "head": table_head})),
+                           ("eager_aten", lambda: eager_aten_rollout(**inp))):
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
@@ -282,12 +293,15 @@ def print_summary(results: list[dict]) -> None:
     """Greedy rollout per model and batch: each method's median (eager / graph) and eager_aten over triton."""
     t = {(r["model"], r["batch"], r["method"], r["mode"]): r["median_us"]
          for r in results if r["op"] == "rollout_greedy" and "median_us" in r}
-    print("\nrollout_greedy median us (eager / graph); speedup = eager_aten / triton, same mode")
+    print("\nrollout_greedy median us (eager / graph); speedup = eager_aten / triton (/ triton_table), same mode")
     for model, b in sorted({k[:2] for k in t}, key=lambda k: (k[0], k[1])):
         us = lambda m, mode: t.get((model, b, m, mode), float("nan"))  # noqa: E731
-        cells = [f"{m} {us(m, 'eager'):.0f}/{us(m, 'graph'):.0f}" for m in ("triton", "eager_aten", "reference")]
-        ratio = [us("eager_aten", mode) / us("triton", mode) for mode in ("eager", "graph")]
-        print(f"{model:>13} b={b:<3} " + "  ".join(cells) + f"  speedup {ratio[0]:.2f}x / {ratio[1]:.2f}x")
+        cells = [f"{m} {us(m, 'eager'):.0f}/{us(m, 'graph'):.0f}"
+                 for m in ("triton", "triton_table", "eager_aten", "reference")]
+        ratio = [us("eager_aten", mode) / us(m, mode)
+                 for m in ("triton", "triton_table") for mode in ("eager", "graph")]
+        print(f"{model:>13} b={b:<3} " + "  ".join(cells)
+              + " speedup {:.2f}x / {:.2f}x (table {:.2f}x / {:.2f}x)".format(*ratio))
 
 
 def main(argv=None):

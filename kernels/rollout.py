@@ -16,8 +16,10 @@ weight is read once per step whatever the batch); vocabulary-wide results are co
     _sample_kernel     q = softmax(l / T) (one-hot where T = 0) -> q, and      grid (V tiles, row blocks)
                        per-tile argmax of q / E (the exponential race)
     _gates_kernel      split-K partial products E[y] @ w_ih^T, s @ w_hh^T     grid (3G tiles, K chunks, row blocks)
-    _gru_kernel        s = GRUCell(E[y], s) from the summed partials, and     grid (G tiles, row blocks)
-                       this G tile's share of round(s) @ w1[:, H:]^T
+                       (with a gate table only s @ w_hh^T)
+    _gru_kernel        s = GRUCell(E[y], s) from the summed partials (or the  grid (G tiles, row blocks)
+                       gate table's row y), and this G tile's share of
+                       round(s) @ w1[:, H:]^T
 
 Greedy step: hidden, logits, row_reduce, gates, gru; the [b, V] logits never reach memory. Temperature
 sampling adds row_reduce (softmax statistics) and sample before the row_reduce that draws. With top-k /
@@ -175,15 +177,17 @@ def _sum_parts(part_ptr, k_lo, k_hi, B, G3, offs, mask, BLOCK_B: tl.constexpr, B
 @triton.jit
 def _gru_kernel(
     part_ptr, split_x, split_h,  # gate partials from _gates_kernel
+    tok_ptr, tok_stride, table_ptr,  # TABLE: tokens y [b] and the gate table [V, 3G] fp32
     s_in_ptr, s_out_ptr,  # [b, G] fp32
     w1_ptr,  # [E, H + G] contiguous
     hpart_ptr,  # [n_g_tiles, b, E] fp32 out: this tile's share of s_out @ w1[:, H:]^T
     B, H, G, E,
-    HAS_STATE: tl.constexpr, HID_PART: tl.constexpr, RND: tl.constexpr, PREC: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_STATE: tl.constexpr, HID_PART: tl.constexpr, TABLE: tl.constexpr, RND: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """s_out = GRUCell(E[y], s_in) for one tile of G from the summed gate partials (s_in = 0 when not
-    HAS_STATE), in fp32; then (HID_PART) the tile's split-K share of round(s_out) @ w1[:, H:]^T."""
+    HAS_STATE), in fp32, the input gates E[y] @ w_ih^T read from the gate table when TABLE (then
+    split_x = 0); then (HID_PART) the tile's split-K share of round(s_out) @ w1[:, H:]^T."""
     pid_g = tl.program_id(0)
     cols = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -191,9 +195,16 @@ def _gru_kernel(
     col_ok = cols < G
     mask = row_ok[:, None] & col_ok[None, :]
     offs = rows[:, None] * (3 * G) + cols[None, :]
-    i_r = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs, mask, BLOCK_B, BLOCK_G)
-    i_z = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs + G, mask, BLOCK_B, BLOCK_G)
-    i_n = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs + 2 * G, mask, BLOCK_B, BLOCK_G)
+    if TABLE:
+        tok = tl.load(tok_ptr + rows * tok_stride, mask=row_ok, other=0).to(tl.int64)
+        t_offs = tok[:, None] * (3 * G) + cols[None, :]
+        i_r = tl.load(table_ptr + t_offs, mask=mask, other=0.0)
+        i_z = tl.load(table_ptr + t_offs + G, mask=mask, other=0.0)
+        i_n = tl.load(table_ptr + t_offs + 2 * G, mask=mask, other=0.0)
+    else:
+        i_r = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs, mask, BLOCK_B, BLOCK_G)
+        i_z = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs + G, mask, BLOCK_B, BLOCK_G)
+        i_n = _sum_parts(part_ptr, 0, split_x, B, 3 * G, offs + 2 * G, mask, BLOCK_B, BLOCK_G)
     if HAS_STATE:
         k_hi = split_x + split_h
         h_r = _sum_parts(part_ptr, split_x, k_hi, B, 3 * G, offs, mask, BLOCK_B, BLOCK_G)
@@ -446,7 +457,7 @@ def rollout(
         top = torch.empty(b, dtype=torch.long, device=device)
 
     if head is not None:
-        w_ih, w_hh, w1, w2 = (w.contiguous() for w in head)
+        w_ih, w_hh, w1, w2 = (w.contiguous() for w in (head.w_ih, head.w_hh, head.w1, head.w2))
         gru, emb_dim = w_hh.shape[1], w1.shape[0]
         if w_ih.shape != (3 * gru, hidden) or w_hh.shape != (3 * gru, gru) or w1.shape[1] != hidden + gru \
                 or w2.shape != (vocab, emb_dim):
@@ -466,22 +477,29 @@ def rollout(
                 PREC=c_prec, BLOCK_B=bb, BLOCK_E=BLOCK_E, BLOCK_K=BLOCK_K, K_CHUNK=K_CHUNK, num_warps=warps,
             )
             torch.sum(zparts, 0, out=zproj)
-        split_x, split_h = triton.cdiv(hidden, K_CHUNK), triton.cdiv(gru, K_CHUNK)
+        has_table = head.gate_table is not None
+        table = head.gate_table.contiguous() if has_table else w_ih  # (a placeholder when unused)
+        if has_table and (table.shape != (vocab, 3 * gru) or table.dtype != torch.float32):
+            raise ValueError(f"gate table {tuple(table.shape)} {table.dtype}: expected ({vocab}, {3 * gru}) float32")
+        split_x = 0 if has_table else triton.cdiv(hidden, K_CHUNK)  # the w_ih programs of _gates_kernel
+        split_h = triton.cdiv(gru, K_CHUNK)
         gates = torch.empty(split_x + split_h, b, 3 * gru, **f32)
         n_g = triton.cdiv(gru, BLOCK_G)
         hpart = torch.empty(n_g, b, emb_dim, **f32)
 
         def gru_step(tok, has_state, hid_part):
             """s = GRUCell(E[tok], s), and the next correction's share of s @ w1[:, H:]^T."""
-            _gates_kernel[(triton.cdiv(3 * gru, BLOCK_N), split_x + (split_h if has_state else 0), rb)](
-                tok, tok.stride(0), emb, emb.stride(0), s_cur, w_ih, w_hh, gates, b, hidden, gru, split_x,
-                X_PREC=x_prec, H_PREC=F32_DOT, BLOCK_B=bb, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, K_CHUNK=K_CHUNK,
-                num_warps=warps,
-            )
+            split = split_x + (split_h if has_state else 0)
+            if split:  # (none for the bonus step with a gate table)
+                _gates_kernel[(triton.cdiv(3 * gru, BLOCK_N), split, rb)](
+                    tok, tok.stride(0), emb, emb.stride(0), s_cur, w_ih, w_hh, gates, b, hidden, gru, split_x,
+                    X_PREC=x_prec, H_PREC=F32_DOT, BLOCK_B=bb, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, K_CHUNK=K_CHUNK,
+                    num_warps=warps,
+                )
             _gru_kernel[(n_g, rb)](
-                gates, split_x, split_h, s_cur, s_next, w1, hpart, b, hidden, gru, emb_dim,
-                HAS_STATE=has_state, HID_PART=hid_part, RND=rnd, PREC=c_prec,
-                BLOCK_B=bb, BLOCK_G=BLOCK_G, BLOCK_E=BLOCK_E, num_warps=warps,
+                gates, split_x, split_h, tok, tok.stride(0), table, s_cur, s_next, w1, hpart, b, hidden, gru,
+                emb_dim, HAS_STATE=has_state, HID_PART=hid_part, TABLE=has_table, RND=rnd,
+                PREC=c_prec, BLOCK_B=bb, BLOCK_G=BLOCK_G, BLOCK_E=BLOCK_E, num_warps=warps,
             )
 
         gru_step(bonus, False, pure_prefix_len == 0)  # s = GRUCell(E[bonus], 0)

@@ -200,17 +200,46 @@ def draft_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+GATE_TABLE_ENV = "SGLANG_DOMINO_GATE_TABLE"
+
+
 class HeadWeights(NamedTuple):
-    """The Domino head's tensors (GRU gates in PyTorch's r, z, n order)."""
+    """The Domino head's tensors (GRU gates in PyTorch's r, z, n order).
+
+    gate_table: optional [V, 3G] fp32, every token's GRU input gates ``E[v] @ w_ih^T`` computed once, so a
+    rollout step gathers a row instead of reading w_ih (``with_gate_table``).
+    """
 
     w_ih: torch.Tensor  # [3G, H]
     w_hh: torch.Tensor  # [3G, G]
     w1: torch.Tensor  # [E, H+G]
     w2: torch.Tensor  # [V, E]
+    gate_table: torch.Tensor | None = None  # [V, 3G] fp32
 
     def correction_in(self, dtype: torch.dtype) -> "HeadWeights":
         """The correction MLP (w1, w2) in ``dtype``; the GRU runs in fp32 either way."""
         return self._replace(w1=self.w1.to(dtype), w2=self.w2.to(dtype))
+
+    def with_gate_table(self, embed: torch.Tensor, rows: int = 8192) -> "HeadWeights":
+        """Add the gate table for the embedding table ``embed`` [V, H] (fp32, V x 3G x 4 bytes: 75 MB for
+        SmolLM2-135M with G = 128, 1.9 GB for Qwen3-8B with G = 1024), built ``rows`` tokens at a time."""
+        with torch.no_grad():
+            w_ih = self.w_ih.float()
+            table = torch.empty(embed.shape[0], w_ih.shape[0], dtype=torch.float32, device=embed.device)
+            for lo in range(0, embed.shape[0], rows):
+                torch.matmul(embed[lo:lo + rows].float(), w_ih.t(), out=table[lo:lo + rows])
+        return self._replace(gate_table=table)
+
+
+def drafting_head(drafter: DominoDrafter, embed: torch.Tensor, dtype: torch.dtype) -> HeadWeights:
+    """The head as a decoder drafts with it: the correction in ``dtype`` (``draft_dtype``), plus the gate
+    table when ``SGLANG_DOMINO_GATE_TABLE=1`` (off by default: it trades V x 3G x 4 bytes of memory for
+    the w_ih read of every rollout step; drafts are the same up to fp32 summation order)."""
+    head = drafter.head_weights().correction_in(dtype)
+    raw = os.environ.get(GATE_TABLE_ENV, "0").strip().lower()
+    if raw not in ("0", "1", "off", "on", ""):
+        raise ValueError(f"{GATE_TABLE_ENV}={raw!r}: expected 0 or 1")
+    return head.with_gate_table(embed) if raw in ("1", "on") else head
 
 
 # -- checkpoint I/O -------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ Given the backbone outputs ``z_0 .. z_{n-1}`` (n = B - 1 proposals; with ``shift
         y_{i+1} = argmax(logits_i)    or    y_{i+1} ~ q_i = draft_probs(logits_i)
         s = GRUCell(E[y_{i+1}], s)
 
-so the state that corrects proposal i has read ``[bonus, y_1 .. y_i]``. ``kernels/rollout.py`` fuses the
-same loop; this file is the readable reference it is tested against.
+so the state that corrects proposal i has read ``[bonus, y_1 .. y_i]``. A GRU step's input gates
+``E[y] @ w_ih^T`` may come from the head's gate table instead (``HeadWeights.with_gate_table``: the same
+values, precomputed for every token). ``kernels/rollout.py`` fuses the same loop; this file is the
+readable reference it is tested against.
 """
 
 from __future__ import annotations
@@ -24,9 +26,18 @@ from .linear import linear
 from .sampling import BatchSampling, draft_probs, sample_from
 
 
-def gru_cell(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
-    """Bias-free GRU cell in PyTorch's gate order (r, z, n). x: [b, H], h: [b, G] -> [b, G]."""
-    gi, gh = linear(x, w_ih), linear(h, w_hh)
+def input_gates(head: HeadWeights, embed: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The GRU's input gates for tokens y [b]: E[y] @ w_ih^T in fp32 [b, 3G] (a row of the gate table
+    when the head has one)."""
+    if head.gate_table is not None:
+        return head.gate_table[y]
+    return linear(embed[y].float(), head.w_ih.float())
+
+
+def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
+    """Bias-free GRU cell in PyTorch's gate order (r, z, n) from its input gates gi = x @ w_ih^T [b, 3G]:
+    h [b, G] -> [b, G]."""
+    gh = linear(h, w_hh)
     i_r, i_z, i_n = gi.chunk(3, -1)
     h_r, h_z, h_n = gh.chunk(3, -1)
     r, u = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
@@ -52,7 +63,8 @@ def rollout(
     """Draw the draft chain.
 
     z: [b, n, H] backbone states z_0..z_{n-1}; base_logits: [b, n, V]; bonus: [b] anchor tokens;
-    embed: [V, H] target embedding table; head: the Domino head, or None for backbone-only (DFlash).
+    embed: [V, H] target embedding table; head: the Domino head (with or without its gate table), or
+    None for backbone-only (DFlash).
     sampling: None for greedy proposals; else per-row parameters, and exponential: [b, n, V] Exp(1)
     noise for the draws.
     Returns (draft tokens [b, n] int64, draft probabilities q [b, n, V] float32 or None when greedy).
@@ -62,8 +74,9 @@ def rollout(
     q = None if sampling is None else torch.empty(b, n, base_logits.shape[-1], dtype=torch.float32, device=z.device)
     s = None
     if head is not None:
-        w_ih, w_hh = head.w_ih.float(), head.w_hh.float()
-        s = gru_cell(embed[bonus].float(), z.new_zeros(b, w_hh.shape[1], dtype=torch.float32), w_ih, w_hh)
+        head = head._replace(w_ih=head.w_ih.float(), w_hh=head.w_hh.float())  # the GRU runs in fp32
+        s = gru_cell(input_gates(head, embed, bonus), z.new_zeros(b, head.w_hh.shape[1], dtype=torch.float32),
+                     head.w_hh)
     for i in range(n):
         logits = base_logits[:, i].float()
         if head is not None and i >= pure_prefix_len:
@@ -75,5 +88,5 @@ def rollout(
             y = sample_from(q[:, i], exponential[:, i])
         tokens[:, i] = y
         if head is not None and i + 1 < n:
-            s = gru_cell(embed[y].float(), s, w_ih, w_hh)
+            s = gru_cell(input_gates(head, embed, y), s, head.w_hh)
     return tokens, q

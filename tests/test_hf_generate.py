@@ -11,6 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 from sglang_domino.hf import generate as gen
+from sglang_domino.drafter import drafting_head
 from sglang_domino.hf.generate import plain_generate, speculative_generate
 from sglang_domino.kernels import dispatch
 from sglang_domino.models import init_drafter, tiny_target
@@ -60,6 +61,31 @@ def test_greedy_equals_hf_generate(pair, use_head, block, policy):
         assert max(widths) == (block or drafter.config.block_size)  # narrower only where max_new_tokens cut it
     else:  # plain steps (width 1) and drafting steps mixed in one output
         assert 1 in widths and max(widths) > 1, widths
+
+
+def test_gate_table_drafts_the_same(pair, monkeypatch):
+    """SGLANG_DOMINO_GATE_TABLE=1: the head reads its GRU input gates from the table; the same drafts at
+    every step as without it (fp32 drafts; only the summation order differs), so the same output."""
+    target, drafter = pair
+    monkeypatch.setenv("SGLANG_DOMINO_DRAFT_DTYPE", "model")
+    built, real_rollout, drafts = [], dispatch.rollout, []
+    monkeypatch.setattr(gen, "drafting_head", lambda *a: built.append(drafting_head(*a)) or built[-1])
+
+    def recording_rollout(z, base, *args):
+        tokens, q = real_rollout(z, base, *args)
+        drafts.append((tokens.clone(), base.float().argmax(-1)))
+        return tokens, q
+
+    monkeypatch.setattr(dispatch, "rollout", recording_rollout)
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("SGLANG_DOMINO_GATE_TABLE", flag)
+        runs[flag] = [speculative_generate(target, drafter, ids, 24, policy="always") for ids in _prompts(4)]
+    assert [h.gate_table is not None for h in built] == [False] * 4 + [True] * 4
+    assert [r.tokens for r in runs["1"]] == [r.tokens for r in runs["0"]]
+    off, on = drafts[:len(drafts) // 2], drafts[len(drafts) // 2:]
+    assert len(on) == len(off) > 0 and all(torch.equal(a[0], b[0]) for a, b in zip(on, off))
+    assert any(not torch.equal(tokens, base) for tokens, base in on)  # the head's correction moved drafts
 
 
 def test_accepted_blocks_rollback_and_stop_tokens(pair, monkeypatch):

@@ -39,7 +39,7 @@ if _saved_env is None:  # other test modules (server subprocesses ...) keep thei
     os.environ.pop("TRITON_INTERPRET", None)  # the fixture below sets it again around each test here
 else:
     os.environ["TRITON_INTERPRET"] = _saved_env
-from sglang_domino.rollout import correction, gru_cell  # noqa: E402
+from sglang_domino.rollout import correction, gru_cell, input_gates  # noqa: E402
 from sglang_domino.rollout import rollout as rollout_ref  # noqa: E402
 from sglang_domino.sampling import BatchSampling, SamplingParams, draft_probs, sample_from  # noqa: E402
 from sglang_domino.verify import verify_greedy, verify_sampled  # noqa: E402
@@ -92,12 +92,12 @@ def _teacher_forced_logits(case, tokens, pure_prefix_len):
     out = base.float().clone()
     if head is None:
         return out
-    w_ih, w_hh = head.w_ih.float(), head.w_hh.float()
-    s = gru_cell(embed[case["bonus"]].float(), z.new_zeros(b, w_hh.shape[1], dtype=torch.float32), w_ih, w_hh)
+    w_hh = head.w_hh.float()
+    s = gru_cell(input_gates(head, embed, case["bonus"]), z.new_zeros(b, w_hh.shape[1], dtype=torch.float32), w_hh)
     for i in range(n):
         if i >= pure_prefix_len:
             out[:, i] += correction(z[:, i], s, head.w1, head.w2).float()
-        s = gru_cell(embed[tokens[:, i]].float(), s, w_ih, w_hh)
+        s = gru_cell(input_gates(head, embed, tokens[:, i]), s, w_hh)
     return out
 
 
@@ -172,6 +172,41 @@ def test_rollout_many_tiles(monkeypatch):
     tok, q = kr.rollout(**case, sampling=sampling, exponential=noise)
     ref, _ = rollout_ref(**case, sampling=sampling, exponential=noise)
     _check_sampled(case, tok, q, ref, sampling, noise, 1)
+
+
+GATE_TABLE_CASES = [  # a rollout shape, small tiles
+    (*ROLLOUT_SHAPES[0], False), (*ROLLOUT_SHAPES[1], False), (*ROLLOUT_SHAPES[2], True),
+    (70, 3, 72, 24, 20, 301, torch.bfloat16, True),
+]
+
+
+@pytest.mark.parametrize("b,n,hidden,gru,emb,vocab,dtype,small_tiles", GATE_TABLE_CASES)
+def test_rollout_gate_table(b, n, hidden, gru, emb, vocab, dtype, small_tiles, monkeypatch):
+    """With the head's gate table the kernel reads E[y] @ w_ih^T from it (no w_ih products): held to the
+    reference with the same table, greedy and sampled, and the reference with it to the one without."""
+    if small_tiles:
+        for name, value in dict(K_CHUNK=32, BLOCK_K=64, BLOCK_N=16, BLOCK_G=16, BLOCK_E=16).items():
+            monkeypatch.setattr(kr, name, value)
+    plain = _case(b, n, hidden, gru, emb, vocab, dtype, seed=6)
+    case = {**plain, "head": plain["head"].with_gate_table(plain["embed"])}
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    tok, _ = kr.rollout(**case)
+    ref, _ = rollout_ref(**case)
+    _assert_chain(tok, ref, _teacher_forced_logits(case, tok, 1), tol)
+    ref_plain, _ = rollout_ref(**plain)
+    _assert_chain(ref, ref_plain, _teacher_forced_logits(plain, ref, 1), tol)
+    sampling = BatchSampling.of((SAMPLING_MIXES["temperature"] * b)[:b], device=DEVICE)
+    noise = torch.empty(b, n, vocab).exponential_(generator=torch.Generator().manual_seed(8 + 7919 * SEED)).to(DEVICE)
+    tok, q = kr.rollout(**case, sampling=sampling, exponential=noise)
+    ref, _ = rollout_ref(**case, sampling=sampling, exponential=noise)
+    _check_sampled(case, tok, q, ref, sampling, noise, 1)
+
+
+def test_rollout_gate_table_shape_is_checked():
+    case = _case(2, 3, 32, 16, 16, 77, torch.float32)
+    bad = case["head"]._replace(gate_table=torch.zeros(77, 47, device=DEVICE))
+    with pytest.raises(ValueError, match="gate table"):
+        kr.rollout(**{**case, "head": bad})
 
 
 def _assert_probs_close(q, q_ref, dtype):
@@ -392,6 +427,8 @@ def test_bench_script_runs(tmp_path):
     assert {"command", "commit", "machine", "date"} <= data.keys()
     ops = {(r["op"], r["method"]) for r in data["results"] if "median_us" in r}
     assert ("rollout_greedy", "reference") in ops and ("verify_sampled", "reference") in ops
-    assert CUDA == (("rollout_greedy", "triton") in ops)
+    assert data["gate_table_mib"]["tiny"] > 0
+    assert CUDA != (("rollout_greedy", "reference_table") in ops)
+    assert CUDA == (("rollout_greedy", "triton") in ops) == (("rollout_greedy", "triton_table") in ops)
     for check in data["checks"]:  # CUDA: kernel vs reference on the bench's inputs (greedy bf16: near-ties)
         assert check["rows_equal"] >= (1.0 if check["op"] == "verify_sampled" else 0.5), check

@@ -9,7 +9,7 @@ from transformers.generation.logits_process import (
 )
 
 from sglang_domino.config import DominoConfig
-from sglang_domino.drafter import DominoDrafter
+from sglang_domino.drafter import GATE_TABLE_ENV, DominoDrafter, drafting_head
 from sglang_domino.rollout import rollout
 from sglang_domino.sampling import (BatchSampling, SamplingParams, draft_probs, exponential_like, sample_from,
                                     sampling_probs)
@@ -45,14 +45,18 @@ def naive_rollout(model, z, base, bonus, embed, pure_prefix_len, choose):
     return torch.tensor(out)
 
 
+@pytest.mark.parametrize("gate_table", [False, True])
 @pytest.mark.parametrize("batch, n, pure", [(1, 1, 1), (3, 7, 1), (4, 5, 2), (2, 15, 1)])
-def test_greedy_rollout_matches_naive(batch, n, pure):
+def test_greedy_rollout_matches_naive(batch, n, pure, gate_table):
     model = _drafter()
     torch.manual_seed(1)
     embed = torch.randn(50, 32)
     z, base, bonus = torch.randn(batch, n, 32), torch.randn(batch, n, 50) * 0.5, torch.randint(0, 50, (batch,))
     with torch.no_grad():
-        tokens, q = rollout(z, base, bonus, embed, model.head_weights(), pure)
+        head = model.head_weights()
+        if gate_table:
+            head = head.with_gate_table(embed, rows=7)  # built in ragged chunks
+        tokens, q = rollout(z, base, bonus, embed, head, pure)
         expected = naive_rollout(model, z, base, bonus, embed, pure, lambda r, i, lg: int(lg.argmax()))
     assert q is None
     assert torch.equal(tokens, expected)
@@ -133,3 +137,20 @@ def test_draft_probs_restricts_truncating_rows_only():
     peaked = logits.clone()
     peaked[..., :5] += 30
     torch.testing.assert_close(draft_probs(peaked, params, candidates=20), sampling_probs(peaked, params))
+
+
+def test_gate_table_and_its_switch(monkeypatch):
+    """Every token's input gates E[v] @ w_ih^T, built in chunks; ``drafting_head`` adds the table only when
+    SGLANG_DOMINO_GATE_TABLE=1, and refuses other values."""
+    model = _drafter()
+    embed = torch.randn(50, 32)
+    head = model.head_weights().with_gate_table(embed, rows=16)
+    assert head.gate_table.shape == (50, 72) and head.gate_table.dtype == torch.float32
+    torch.testing.assert_close(head.gate_table, embed @ model.prefix_gru.weight_ih_l0.detach().t())
+    monkeypatch.delenv(GATE_TABLE_ENV, raising=False)
+    assert drafting_head(model, embed, torch.float32).gate_table is None
+    monkeypatch.setenv(GATE_TABLE_ENV, "1")
+    torch.testing.assert_close(drafting_head(model, embed, torch.bfloat16).gate_table, head.gate_table)
+    monkeypatch.setenv(GATE_TABLE_ENV, "yes")
+    with pytest.raises(ValueError, match=GATE_TABLE_ENV):
+        drafting_head(model, embed, torch.float32)

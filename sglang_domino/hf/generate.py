@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ..drafter import DominoDrafter, draft_dtype, vocab_logits
+from ..drafter import DominoDrafter, draft_dtype, drafting_head, vocab_logits
 from ..kernels import dispatch
 from ..linear import few_row_linears, trial_calls
 from ..policy import DraftPolicy
@@ -157,7 +157,7 @@ def speculative_generate(
     lm_head = target.get_output_embeddings().weight
     draft_as = draft_dtype(device, lm_head.dtype)  # base logits and head correction
     draft_lm_head = lm_head.to(draft_as)
-    head = drafter.head_weights().correction_in(draft_as) if use_head else None
+    head = drafting_head(drafter, embed, draft_as) if use_head else None
     sampler = _Sampler(sampling, lm_head.shape[0], device, seed)
     stop = set(stop_token_ids)
     stats, t_start = GenerateStats(), time.perf_counter()

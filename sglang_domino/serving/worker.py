@@ -38,7 +38,7 @@ from typing import List, Optional
 
 import torch
 
-from ..drafter import draft_dtype, load_drafter, vocab_logits
+from ..drafter import draft_dtype, drafting_head, load_drafter, vocab_logits
 from ..kernels.dispatch import rollout, verify_greedy, verify_sampled  # Triton on CUDA, torch reference on CPU
 from ..linear import trial_calls
 from ..policy import CPU_MAX_DRAFT_BATCH, DraftPolicy
@@ -116,7 +116,7 @@ class DominoWorker(BaseSpecWorker):
         self.cfg = self.drafter.config
         self.draft_dtype = draft_dtype(self.device, self.dtype)  # base logits and head correction
         self.draft_lm_head = self.lm_head.to(self.draft_dtype)
-        self.head = self.drafter.head_weights().correction_in(self.draft_dtype)
+        self.head = drafting_head(self.drafter, self.embed, self.draft_dtype)
         if not hasattr(target, "set_dflash_layers_to_capture"):
             raise RuntimeError(
                 f"DOMINO: target model {type(target).__name__} cannot capture hidden states "
@@ -133,8 +133,9 @@ class DominoWorker(BaseSpecWorker):
         self._plain_reasons: set[str] = set()  # reasons for plain steps already logged
         logger.info(
             "DOMINO worker: drafter %s (%d layers, block %d, %d drafts/step, context layers %s), "
-            "draft dtype %s, draft policy %s", path, self.cfg.num_hidden_layers, self.block_size,
+            "draft dtype %s, gate table %s, draft policy %s", path, self.cfg.num_hidden_layers, self.block_size,
             self.num_draft_tokens - 1, self.cfg.target_layer_ids, str(self.draft_dtype).removeprefix("torch."),
+            "off" if self.head.gate_table is None else f"{self.head.gate_table.nbytes / 2**20:.0f} MiB",
             self.policy.describe())
 
     # -- SGLang worker protocol ---------------------------------------------------------------------
