@@ -45,7 +45,7 @@ def machine() -> dict:
 
 # environment that changes how fast a run is (threads); recorded when set
 SPEED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "SGLANG_CPU_OMP_THREADS_BIND",
-             "SGLANG_DOMINO_DRAFT_DTYPE")
+             "SGLANG_DOMINO_DRAFT_DTYPE", "SGLANG_DOMINO_GATE_TABLE")
 
 
 def run_info() -> dict:
