@@ -238,7 +238,7 @@ def drafting_head(drafter: DominoDrafter, embed: torch.Tensor, dtype: torch.dtyp
     head = drafter.head_weights().correction_in(dtype)
     raw = os.environ.get(GATE_TABLE_ENV, "0").strip().lower()
     if raw not in ("0", "1", "off", "on", ""):
-        raise ValueError(f"{GATE_TABLE_ENV}={raw!r}: expected 0 or 1")
+        raise ValueError(f"{GATE_TABLE_ENV}={raw!r}: expected 0 or 1 (off or on)")
     return head.with_gate_table(embed) if raw in ("1", "on") else head
 
 

@@ -388,6 +388,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         args = (r(b, n, H), r(b, n, V), torch.zeros(b, dtype=torch.long), r(V, H))
         head = HeadWeights(r(3 * G, H), r(3 * G, G), r(E, H + G), r(V, E))
         kr.rollout(*args, head)
+        kr.rollout(*args, head.with_gate_table(args[3]))  # the gate-table variants
     e = torch.ones(b, n, V)
     for sp in (SamplingParams(0.7), SamplingParams(0.7, top_k=3)):  # fused softmax, torch probs
         kr.rollout(*args, head, sampling=BatchSampling.of([sp] * b), exponential=e)

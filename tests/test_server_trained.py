@@ -1,5 +1,6 @@
 """The committed SmolLM2 drafter behind a real DOMINO server: the accept length the server reports matches
-the Transformers backend's tau on the same prompts, and the outputs are the same tokens.
+the Transformers backend's tau on the same prompts, and the outputs are the same tokens; a second server with
+the head's gate table (SGLANG_DOMINO_GATE_TABLE=1) drafts the same chains.
 
 Both run the same drafter weights and the same Domino math (``sglang_domino.rollout`` via
 ``kernels.dispatch``) over a float32 target; they differ only in the target's kernels (SGLang's CPU
